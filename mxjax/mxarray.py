@@ -1,0 +1,87 @@
+"""MXArray: a block-scaled tensor (quantized data + E8M0 scales + static metadata)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mxjax import formats
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MXArray:
+  """A tensor quantized to an MX format along one axis.
+
+  Children (traced): `data` and `scales`. Everything else is static metadata, so an
+  MXArray can cross `jax.jit`, `jax.vmap`, `jax.grad` and Flax variable collections.
+
+  Attributes:
+    data: the element codes. e4m3 / e5m2: `float8_e4m3fn` / `float8_e5m2`, shape = `shape`.
+      FP6 / FP4: uint8, packed along `axis` (4 codes in 3 bytes / 2 codes per byte), so
+      that axis has `element_format.storage_length(n)` entries.
+    scales: `float8_e8m0fnu`, shape = `shape` with `ceil(n / block_size)` along `axis`.
+    format: element format name ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1").
+    block_size: elements per scale along the quantized axis.
+    axis_from_end: the quantized axis counted from the end (-1 is the last axis). Counting
+      from the end keeps the metadata true when `jax.vmap` adds leading batch axes.
+    length: the logical length of the quantized axis.
+    dtype: the high-precision dtype the tensor was quantized from.
+    scale_mode: "rceil" or "floor": how the scales were chosen.
+  """
+
+  data: jax.Array
+  scales: jax.Array
+  format: str = dataclasses.field(metadata=dict(static=True))
+  block_size: int = dataclasses.field(metadata=dict(static=True))
+  axis_from_end: int = dataclasses.field(metadata=dict(static=True))
+  length: int = dataclasses.field(metadata=dict(static=True))
+  dtype: Any = dataclasses.field(metadata=dict(static=True))
+  scale_mode: str = dataclasses.field(default="rceil", metadata=dict(static=True))
+
+  @property
+  def axis(self) -> int:
+    """The quantized axis, non-negative."""
+    return self.ndim + self.axis_from_end
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The logical shape (the data's shape, with packing undone along `axis`)."""
+    shape = list(self.scales.shape)
+    shape[self.axis_from_end] = self.length
+    return tuple(shape)
+
+  @property
+  def element_format(self) -> formats.ElementFormat:
+    return formats.element_format(self.format)
+
+  @property
+  def ndim(self) -> int:
+    return self.scales.ndim
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of storage: data plus scales."""
+    return _nbytes(self.data) + _nbytes(self.scales)
+
+  def dequantize(self, dtype=jnp.float32) -> jax.Array:
+    """Decodes to a `dtype` array of shape `shape` (bf16, f16 or f32)."""
+    from mxjax.quantize import dequantize  # quantize.py builds on this file
+    return dequantize(self, dtype)
+
+  def __repr__(self) -> str:
+    return (f"MXArray(format={self.format}, shape={self.shape}, axis={self.axis}, "
+            f"block_size={self.block_size}, scale_mode={self.scale_mode}, "
+            f"dtype={jnp.dtype(self.dtype).name})")
+
+
+def _nbytes(a) -> int:
+  return math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
