@@ -1,0 +1,262 @@
+"""MX quantize / dequantize: JAX ops over the XLA FFI kernels.
+
+Each op is one `jax.ffi.ffi_call` (CPU kernels in C++, CUDA kernels under the same target
+names) wrapped with a batching rule (`custom_vmap`: vmap moves the quantized axis instead
+of looping) and a sharding rule (see `mxjax.sharding`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+
+from mxjax import _ffi, formats
+from mxjax.mxarray import MXArray
+from mxjax.sharding import blockwise_partitioned
+
+
+def _check_input(x, what: str = "quantize") -> jax.Array:
+  x = jnp.asarray(x)
+  dtype = jnp.dtype(x.dtype)
+  if dtype not in formats.HIGH_PRECISION_DTYPES:
+    kind = ("an integer" if jnp.issubdtype(dtype, jnp.integer) else
+            "a complex" if jnp.issubdtype(dtype, jnp.complexfloating) else "an unsupported")
+    raise TypeError(f"mxjax.{what} needs a bfloat16, float16 or float32 input; got {kind} "
+                    f"array of dtype {dtype.name}")
+  if x.ndim == 0:
+    raise ValueError(f"mxjax.{what} needs an array of rank >= 1; got a scalar (rank 0)")
+  return x
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+  if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+    raise ValueError(f"axis {axis!r} is out of range for an array of rank {ndim}")
+  return int(axis) % ndim
+
+
+def _blocked_shape(shape, axis: int, length: int) -> tuple[int, ...]:
+  shape = list(shape)
+  shape[axis] = length
+  return tuple(shape)
+
+
+def _quantized_types(x, fmt: formats.ElementFormat, block_size: int, axis: int):
+  n = x.shape[axis]
+  data = jax.ShapeDtypeStruct(_blocked_shape(x.shape, axis, fmt.storage_length(n)),
+                              fmt.storage_dtype)
+  scales = jax.ShapeDtypeStruct(_blocked_shape(x.shape, axis, math.ceil(n / block_size)),
+                                jnp.float8_e8m0fnu)
+  return data, scales
+
+
+def _per_block(fmt, block_size: int) -> int:
+  """Data entries per block along the quantized axis."""
+  return fmt.storage_length(block_size)
+
+
+def _attrs(fmt, block_size, mode):
+  return dict(format=np.int32(fmt.ffi_id), scale_mode=np.int32(mode.ffi_id),
+              block_size=np.int64(block_size))
+
+
+# ---------------------------------------------------------------------------------------
+# The three kernel calls, each with its batching rule. Static arguments select a cached
+# op, so vmap's rule can ask for the same op one axis further in.
+
+
+@functools.lru_cache(maxsize=None)
+def _quantize_op(fmt, block_size: int, mode, axis: int):
+  """(x[..., n, ...]) -> (data, scales) along `axis`."""
+
+  def call(x):
+    _ffi.load()
+    return jax.ffi.ffi_call("mxjax_quantize", _quantized_types(x, fmt, block_size, axis))(
+        x, axis=np.int64(axis), **_attrs(fmt, block_size, mode))
+
+  partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size))
+
+  @custom_vmap
+  def op(x):
+    return partitioned(x)
+
+  @op.def_vmap
+  def _batched(axis_size, in_batched, x):
+    del axis_size, in_batched
+    return _quantize_op(fmt, block_size, mode, axis + 1)(x), (True, True)
+
+  return op
+
+
+@functools.lru_cache(maxsize=None)
+def _quantize_2x_op(fmt, block_size: int, mode):
+  """(x[..., M, K]) -> (row data, row scales, col data, col scales)."""
+
+  def call(x):
+    _ffi.load()
+    ndim = x.ndim
+    row = _quantized_types(x, fmt, block_size, ndim - 1)
+    col = _quantized_types(x, fmt, block_size, ndim - 2)
+    return jax.ffi.ffi_call("mxjax_quantize_2x", (*row, *col))(
+        x, **_attrs(fmt, block_size, mode))
+
+  partitioned = blockwise_partitioned(call, (-1, -2), block_size, _per_block(fmt, block_size))
+
+  @custom_vmap
+  def op(x):
+    return partitioned(x)
+
+  @op.def_vmap
+  def _batched(axis_size, in_batched, x):
+    del axis_size, in_batched
+    return op(x), (True,) * 4  # batch axes lead; the kernel's axes count from the end
+
+  return op
+
+
+@functools.lru_cache(maxsize=None)
+def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
+  """(data, scales) -> x[..., length, ...] of `dtype`."""
+
+  def call(data, scales):
+    _ffi.load()
+    # A shard of whole blocks holds `blocks * block_size` elements; the whole axis `length`.
+    local_length = min(length, scales.shape[axis] * block_size)
+    out = jax.ShapeDtypeStruct(_blocked_shape(scales.shape, axis, local_length), dtype)
+    return jax.ffi.ffi_call("mxjax_dequantize", out)(
+        data, scales, format=np.int32(fmt.ffi_id), block_size=np.int64(block_size),
+        axis=np.int64(axis))
+
+  partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size),
+                                      dequantize=True)
+
+  @custom_vmap
+  def op(data, scales):
+    return partitioned(data, scales)
+
+  @op.def_vmap
+  def _batched(axis_size, in_batched, data, scales):
+    data, scales = (a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                    for a, b in zip((data, scales), in_batched))
+    return _dequantize_op(fmt, block_size, axis + 1, length, dtype)(data, scales), True
+
+  return op
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+
+
+def quantize(x, format="e4m3", *, axis: int = -1, block_size: int = formats.DEFAULT_BLOCK_SIZE,
+             scale_mode="rceil") -> MXArray:
+  """Quantizes `x` to an MX format in blocks along `axis`.
+
+  Args:
+    x: bfloat16, float16 or float32 array of rank >= 1, any shape.
+    format: element format: "e4m3", "e5m2", "e3m2", "e2m3" or "e2m1".
+    axis: the axis whose consecutive `block_size` elements share one E8M0 scale. Its
+      length need not be a multiple of the block (the kernel pads with zeros).
+    block_size: 16, 32 or 64.
+    scale_mode: "rceil" (no element saturates; NVIDIA's rule) or "floor" (OCP's rule).
+
+  Returns:
+    An `MXArray` with `data` (float8 of x's shape, or packed uint8 for FP6 / FP4) and
+    `scales` (float8_e8m0fnu, `ceil(n / block_size)` along `axis`).
+  """
+  x = _check_input(x)
+  fmt = formats.element_format(format)
+  block_size = formats.check_block_size(block_size, fmt)
+  mode = formats.scale_mode(scale_mode)
+  axis = _normalize_axis(axis, x.ndim)
+  data, scales = _quantize_op(fmt, block_size, mode, axis)(x)
+  return _mxarray(data, scales, fmt, block_size, axis, x, mode)
+
+
+def quantize_2x(x, format="e4m3", *, axes: tuple[int, int] = (-1, -2),
+                block_size: int = formats.DEFAULT_BLOCK_SIZE,
+                scale_mode="rceil") -> tuple[MXArray, MXArray]:
+  """Quantizes `x` along two axes at once, both from the high-precision input.
+
+  The usual pair is rowwise (along the last axis) and columnwise (along the one before):
+  what a GEMM operand needs for the forward and for the backward. With the default axes
+  this is a single pass over memory.
+
+  Args:
+    x: bfloat16, float16 or float32 array of rank >= 2.
+    axes: the two distinct quantized axes (first result along `axes[0]`).
+    format, block_size, scale_mode: as in `quantize`.
+
+  Returns:
+    `(along axes[0], along axes[1])`, two `MXArray`s of x's logical shape.
+  """
+  x = _check_input(x, "quantize_2x")
+  if x.ndim < 2:
+    raise ValueError(f"mxjax.quantize_2x needs an array of rank >= 2; got shape {x.shape}")
+  fmt = formats.element_format(format)
+  block_size = formats.check_block_size(block_size, fmt)
+  mode = formats.scale_mode(scale_mode)
+  a0, a1 = (_normalize_axis(a, x.ndim) for a in axes)
+  if a0 == a1:
+    raise ValueError(f"quantize_2x needs two distinct axes; got {axes}")
+  # Bring axes[0] to the end and axes[1] just before it (a no-op for the default axes).
+  perm = [d for d in range(x.ndim) if d not in (a0, a1)] + [a1, a0]
+  inverse = np.argsort(perm).tolist()
+  xt = jnp.transpose(x, perm) if perm != list(range(x.ndim)) else x
+  row_data, row_scales, col_data, col_scales = _quantize_2x_op(fmt, block_size, mode)(xt)
+  untranspose = (lambda a: a) if xt is x else (lambda a: jnp.transpose(a, inverse))
+  rows = _mxarray(untranspose(row_data), untranspose(row_scales), fmt, block_size, a0, x, mode)
+  cols = _mxarray(untranspose(col_data), untranspose(col_scales), fmt, block_size, a1, x, mode)
+  return rows, cols
+
+
+def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
+  """Decodes an `MXArray` to a `dtype` array of its logical shape: `decode(code) * 2^e`.
+
+  A block whose scale is NaN (its input held NaN or Inf) decodes to NaN.
+  """
+  if not isinstance(a, MXArray):
+    raise TypeError(f"mxjax.dequantize needs an MXArray, got {type(a).__name__}")
+  dtype = jnp.dtype(dtype)
+  if dtype not in formats.HIGH_PRECISION_DTYPES:
+    raise TypeError(f"dequantize produces bfloat16, float16 or float32, not {dtype.name}")
+  op = _dequantize_op(a.element_format, a.block_size, a.axis, a.length, dtype)
+  return op(a.data, a.scales)
+
+
+def fake_quantize(x, format="e4m3", *, axis: int = -1,
+                  block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil") -> jax.Array:
+  """Quantize-dequantize in x's dtype, with a straight-through gradient (for QAT).
+
+  The forward value is `dequantize(quantize(x, ...), x.dtype)`; the gradient passes
+  unchanged, as if the op were the identity.
+  """
+  x = _check_input(x, "fake_quantize")
+  return _fake_quantize(x, format, axis, block_size, scale_mode)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _fake_quantize(x, format, axis, block_size, scale_mode):
+  return quantize(x, format, axis=axis, block_size=block_size,
+                  scale_mode=scale_mode).dequantize(x.dtype)
+
+
+def _fake_quantize_fwd(x, format, axis, block_size, scale_mode):
+  return _fake_quantize(x, format, axis, block_size, scale_mode), None
+
+
+def _fake_quantize_bwd(format, axis, block_size, scale_mode, _, g):
+  del format, axis, block_size, scale_mode
+  return (g,)
+
+
+_fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)
+
+
+def _mxarray(data, scales, fmt, block_size, axis, x, mode) -> MXArray:
+  return MXArray(data=data, scales=scales, format=fmt.name, block_size=block_size,
+                 axis_from_end=axis - x.ndim, length=x.shape[axis], dtype=jnp.dtype(x.dtype),
+                 scale_mode=mode.value)
