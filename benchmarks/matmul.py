@@ -1,0 +1,93 @@
+"""Block-scaled matmul against the bf16 matmul, measured in the same run.
+
+  python benchmarks/matmul.py                  # CPU: 2048^3, forward and forward+backward
+  python benchmarks/matmul.py --size 1024      # smaller
+  python benchmarks/matmul.py --dense 16384,8192,8192   # a Dense layer: tokens, in, out
+
+The MX forward includes quantizing both operands; forward+backward includes the
+gradient quantizations. The baseline is `jnp.dot` of the bf16 operands with f32
+accumulation (and its grad). On a GPU it also times `jax.nn.scaled_dot_general` with
+the mxfp8 config where this jax has it. Goal (issue 3, CPU): ratio <= 1.3 both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(__file__))
+import mxjax  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+
+def bf16_matmul(x, w):
+  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def mx_matmul(fwd_format, bwd_format):
+  return lambda x, w: mxjax.matmul(x, w, fwd_format=fwd_format, bwd_format=bwd_format)
+
+
+def loss_of(matmul):
+  return lambda x, w: jnp.sum(matmul(x, w).astype(jnp.float32))
+
+
+def scaled_dot_general_matmul():
+  """jax.nn.scaled_dot_general with its mxfp8 config, or None where jax lacks it."""
+  sdg = getattr(jax.nn, "scaled_dot_general", None)
+  if sdg is None:
+    return None
+  from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig  # noqa
+  cfg = BlockScaleConfig(mode="mxfp8", block_size=32, data_type=jnp.float8_e4m3fn,
+                         scale_type=jnp.float8_e8m0fnu, global_scale=None,
+                         infer_only=False)
+  dims = (((1,), (0,)), ((), ()))
+  return lambda x, w: sdg(x, w, dims, preferred_element_type=jnp.bfloat16, configs=[cfg] * 3)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--size", type=int, default=2048, help="M = K = N")
+  p.add_argument("--dense", default=None, help="tokens,in,out (overrides --size)")
+  p.add_argument("--fwd-format", default="e4m3")
+  p.add_argument("--bwd-format", default="e5m2")
+  p.add_argument("--reps", type=int, default=7)
+  args = p.parse_args(argv)
+  m, k, n = ((int(v) for v in args.dense.split(",")) if args.dense else (args.size,) * 3)
+  kx, kw = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+  w = jax.random.normal(kw, (k, n), jnp.bfloat16)
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}")
+  print(f"shape: [{m}, {k}] x [{k}, {n}] bf16; MX {args.fwd_format} forward, "
+        f"{args.bwd_format} gradients, 32-blocks, RCEIL")
+  mx = mx_matmul(args.fwd_format, args.bwd_format)
+  fns = {
+      "bf16 fwd": jax.jit(bf16_matmul),
+      "MX fwd": jax.jit(mx),
+      "bf16 fwd+bwd": jax.jit(jax.grad(loss_of(bf16_matmul), (0, 1))),
+      "MX fwd+bwd": jax.jit(jax.grad(loss_of(mx), (0, 1))),
+  }
+  sdg = scaled_dot_general_matmul() if device.platform == "gpu" else None
+  if sdg is not None:
+    fns["scaled_dot_general fwd"] = jax.jit(sdg)
+    fns["scaled_dot_general fwd+bwd"] = jax.jit(jax.grad(loss_of(sdg), (0, 1)))
+  t = interleaved_medians(fns, x, w, reps=args.reps)
+  flops = 2 * m * k * n
+  for name, sec in t.items():
+    mult = 3 if "bwd" in name else 1
+    print(f"  {name:28s} {sec * 1e3:9.2f} ms  {mult * flops / sec / 1e12:7.3f} TFLOP/s")
+  print(f"ratio MX / bf16, forward:          {t['MX fwd'] / t['bf16 fwd']:.3f}  (goal <= 1.3 CPU)")
+  print(f"ratio MX / bf16, forward+backward: {t['MX fwd+bwd'] / t['bf16 fwd+bwd']:.3f}"
+        "  (goal <= 1.3 CPU)")
+  if sdg is not None:
+    print(f"ratio MX / scaled_dot_general, fwd+bwd: "
+          f"{t['MX fwd+bwd'] / t['scaled_dot_general fwd+bwd']:.3f}")
+
+
+if __name__ == "__main__":
+  main()

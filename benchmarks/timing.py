@@ -1,0 +1,35 @@
+"""Shared timing for the benchmarks: warm up, then the median of several timed runs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+
+
+def median_seconds(fn, *args, reps: int = 7, warmup: int = 2) -> float:
+  """Median wall time of `fn(*args)` (a jitted function), blocking on its outputs."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def interleaved_medians(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dict:
+  """Like `median_seconds` for several functions, timed in turn within each repetition,
+  so that a noisy neighbour slows all of them alike."""
+  for fn in fns.values():
+    for _ in range(warmup):
+      jax.block_until_ready(fn(*args))
+  times = {name: [] for name in fns}
+  for _ in range(reps):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}

@@ -1,0 +1,253 @@
+"""Block-scaled `dot_general` with a custom VJP: MX forward, MX gradients.
+
+Every product is canonicalized to `[B, M, K] x [B, N, K] -> [B, M, N]` (batch, free and
+contracting dims each flattened, in `lax.dot_general`'s output order), so blocks always run
+along the flattened contraction of that product:
+
+  forward   out   = q(lhs, K) . q(rhs, K)             fwd_format
+  dgrad     dlhs  = q(g, N)   . q(rhs, N)             g in bwd_format, rhs in fwd_format
+  wgrad     drhs  = q(g, M)   . q(lhs, M)             g in bwd_format, lhs in fwd_format
+
+`q(x, A)` quantizes along A; both quantizations of an operand come from its
+high-precision value in one pass (`quantize_2x`), and the forward keeps only the
+quantized copies the backward needs. The quantizers are straight-through: the gradient
+of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
+the quantization of `g` and of the saved operands.
+
+On CPU a product of quantized operands is computed exactly: each operand is dequantized
+to bfloat16 (MX element values times a power of two are exact there) and XLA's dot
+accumulates in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mxjax import formats
+from mxjax.mxarray import MXArray
+from mxjax.quantize import quantize_2x
+
+DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """How one operand maps to its canonical `[B, F, K]` form (F = M for lhs, N for rhs)."""
+
+  shape: tuple[int, ...]
+  batch: tuple[int, ...]
+  free: tuple[int, ...]
+  contract: tuple[int, ...]
+
+  @property
+  def perm(self) -> tuple[int, ...]:
+    return self.batch + self.free + self.contract
+
+  def sizes(self, dims) -> tuple[int, ...]:
+    return tuple(self.shape[d] for d in dims)
+
+  @property
+  def canonical_shape(self) -> tuple[int, int, int]:
+    return tuple(math.prod(self.sizes(d)) for d in (self.batch, self.free, self.contract))
+
+  def to_canonical(self, x: jax.Array) -> jax.Array:
+    return jnp.transpose(x, self.perm).reshape(self.canonical_shape)
+
+  def from_canonical(self, x: jax.Array) -> jax.Array:
+    x = x.reshape(self.sizes(self.perm))
+    return jnp.transpose(x, np.argsort(self.perm))
+
+
+@dataclasses.dataclass(frozen=True)
+class _DotConfig:
+  lhs: _Layout
+  rhs: _Layout
+  fwd_format: str
+  bwd_format: str
+  block_size: int
+  scale_mode: str
+  out_dtype: Any
+  lhs_dtype: Any
+  rhs_dtype: Any
+
+
+def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4m3",
+                bwd_format="e5m2", block_size: int = formats.DEFAULT_BLOCK_SIZE,
+                scale_mode="rceil", preferred_element_type=None) -> jax.Array:
+  """`lax.dot_general` with both operands MX-quantized along the contraction.
+
+  Args:
+    lhs, rhs: bfloat16 / float16 / float32 arrays, or `MXArray`s quantized ahead of time
+      along their (single) contracting dimension, used as they are. An operand may also
+      be a pair `(along_contraction, along_free)` of MXArrays, as `quantize_2x` makes for
+      a 2-D weight; the second is used for the other operand's gradient. MXArray operands
+      get zero cotangents.
+    dimension_numbers: `((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))` as
+      in `lax.dot_general`; any number of contracting and batch dims, any order.
+    fwd_format: element format of both operands in the forward product.
+    bwd_format: element format of the output gradient in dgrad and wgrad.
+    block_size, scale_mode: as in `mxjax.quantize`.
+    preferred_element_type: output dtype; default: the operands' result type.
+
+  Returns:
+    An array of shape `batch + lhs free + rhs free` (as `lax.dot_general`).
+  """
+  (lc, rc), (lb, rb) = dimension_numbers
+  lhs_info, rhs_info = _operand_info(lhs, "lhs"), _operand_info(rhs, "rhs")
+  lhs_layout = _layout(lhs_info[0], lc, lb, "lhs")
+  rhs_layout = _layout(rhs_info[0], rc, rb, "rhs")
+  for name, dims_l, dims_r in (("contracting", lc, rc), ("batch", lb, rb)):
+    sizes_l, sizes_r = lhs_layout.sizes(tuple(dims_l)), rhs_layout.sizes(tuple(dims_r))
+    if sizes_l != sizes_r:
+      raise ValueError(f"mxjax.dot_general: {name} dimension sizes differ: lhs {sizes_l} "
+                       f"(dims {tuple(dims_l)}) vs rhs {sizes_r} (dims {tuple(dims_r)})")
+  out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs_info[1], rhs_info[1]))
+  fwd, bwd = formats.element_format(fwd_format), formats.element_format(bwd_format)
+  for fmt in (fwd, bwd):
+    formats.check_block_size(block_size, fmt)
+  config = _DotConfig(lhs_layout, rhs_layout, fwd.name, bwd.name, int(block_size),
+                      formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1])
+  return _mx_dot(config, lhs, rhs)
+
+
+def matmul(a, b, **kwargs) -> jax.Array:
+  """`a @ b` for a of shape [..., M, K] and b of shape [K, N] (or [..., K, N], batched
+  like a), via `dot_general`; keyword arguments as there."""
+  a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
+  if len(a_shape) < 1 or len(b_shape) < 2:
+    raise ValueError(f"mxjax.matmul needs a of rank >= 1 and b of rank >= 2; got {a_shape}, "
+                     f"{b_shape}")
+  if len(b_shape) == 2:
+    dims = (((len(a_shape) - 1,), (0,)), ((), ()))
+  else:
+    if len(a_shape) != len(b_shape):
+      raise ValueError(f"mxjax.matmul: batched operands need equal ranks; got {a_shape}, "
+                       f"{b_shape}")
+    batch = tuple(range(len(a_shape) - 2))
+    dims = (((len(a_shape) - 1,), (len(b_shape) - 2,)), (batch, batch))
+  return dot_general(a, b, dims, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _operand_info(x, name: str):
+  """(shape, high-precision dtype) of an array, an MXArray or an MXArray pair."""
+  if isinstance(x, tuple):
+    if len(x) != 2 or not all(isinstance(a, MXArray) for a in x):
+      raise TypeError(f"mxjax.dot_general: a tuple {name} must be a pair of MXArrays "
+                      "(along the contraction, along the free dim)")
+    if x[0].shape != x[1].shape:
+      raise ValueError(f"mxjax.dot_general: the MXArray pair for {name} has shapes "
+                       f"{x[0].shape} and {x[1].shape}")
+    x = x[0]
+  if isinstance(x, MXArray):
+    return x.shape, jnp.dtype(x.dtype)
+  x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
+  if jnp.dtype(x.dtype) not in formats.HIGH_PRECISION_DTYPES:
+    raise TypeError(f"mxjax.dot_general needs bfloat16, float16 or float32 operands; {name} "
+                    f"has dtype {jnp.dtype(x.dtype).name}")
+  return x.shape, jnp.dtype(x.dtype)
+
+
+def _layout(shape, contract, batch, name) -> _Layout:
+  ndim = len(shape)
+  dims = [int(d) % ndim if -ndim <= d < ndim else None for d in (*contract, *batch)]
+  if None in dims or len(set(dims)) != len(dims):
+    raise ValueError(f"mxjax.dot_general: bad dimension numbers for {name} of shape {shape}: "
+                     f"contracting {tuple(contract)}, batch {tuple(batch)}")
+  contract, batch = tuple(dims[:len(contract)]), tuple(dims[len(contract):])
+  if not contract:
+    raise ValueError("mxjax.dot_general needs at least one contracting dimension to block")
+  free = tuple(d for d in range(ndim) if d not in contract and d not in batch)
+  return _Layout(tuple(shape), batch, free, contract)
+
+
+def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
+  """An MXArray operand in canonical `[B, F, K]` form (quantized along K, or along F)."""
+  along = {"contract": layout.contract, "free": layout.free}[role]
+  if len(along) != 1 or a.axis != along[0]:
+    raise ValueError(
+        f"mxjax.dot_general: the MXArray {name} is quantized along axis {a.axis}, but the "
+        f"product needs it quantized along its {'contracting' if role == 'contract' else 'free'}"
+        f" dimension {along if len(along) != 1 else along[0]} (exactly one such dimension)")
+  b, f, k = layout.canonical_shape
+  data_shape = [b, f, k]
+  data_shape[2 if role == "contract" else 1] = a.data.shape[a.axis]
+  scale_shape = [b, f, k]
+  scale_shape[2 if role == "contract" else 1] = a.scales.shape[a.axis]
+  return dataclasses.replace(
+      a, data=jnp.transpose(a.data, layout.perm).reshape(data_shape),
+      scales=jnp.transpose(a.scales, layout.perm).reshape(scale_shape),
+      axis_from_end=-1 if role == "contract" else -2)
+
+
+def _prepare(x, layout: _Layout, config: _DotConfig, name: str):
+  """(quantized along K, quantized along F or dequantizable stand-in) in canonical form."""
+  if isinstance(x, tuple):
+    return (_canonical_mx(x[0], layout, "contract", name),
+            _canonical_mx(x[1], layout, "free", name))
+  if isinstance(x, MXArray):
+    along_k = _canonical_mx(x, layout, "contract", name)
+    return along_k, along_k  # the backward uses its exact values, never re-quantized
+  return quantize_2x(layout.to_canonical(x), config.fwd_format, block_size=config.block_size,
+                     scale_mode=config.scale_mode)
+
+
+def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
+  """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated."""
+  dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
+  return lax.dot_general(a.dequantize(jnp.bfloat16), b.dequantize(jnp.bfloat16), dims,
+                         preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mx_dot(config: _DotConfig, lhs, rhs):
+  return _forward(config, lhs, rhs)[0]
+
+
+def _forward(config: _DotConfig, lhs, rhs):
+  lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs")
+  rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs")
+  out = _product(lhs_k, rhs_k, (2, 2))  # [B, M, N]
+  out_shape = config.lhs.sizes(config.lhs.batch + config.lhs.free) + config.rhs.sizes(
+      config.rhs.free)
+  return out.astype(config.out_dtype).reshape(out_shape), (lhs_m, rhs_n)
+
+
+def _mx_dot_fwd(config, lhs, rhs):
+  out, saved = _forward(config, lhs, rhs)
+  return out, (saved, _zero_cotangent(lhs), _zero_cotangent(rhs))
+
+
+def _mx_dot_bwd(config: _DotConfig, residuals, g):
+  (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
+  b, m, _ = config.lhs.canonical_shape
+  n = config.rhs.canonical_shape[1]
+  g_n, g_m = quantize_2x(g.reshape(b, m, n), config.bwd_format, block_size=config.block_size,
+                         scale_mode=config.scale_mode)
+  dlhs = lhs_zero
+  if dlhs is None:
+    dlhs = config.lhs.from_canonical(_product(g_n, rhs_n, (2, 1))).astype(config.lhs_dtype)
+  drhs = rhs_zero
+  if drhs is None:
+    drhs = config.rhs.from_canonical(_product(g_m, lhs_m, (1, 1))).astype(config.rhs_dtype)
+  return dlhs, drhs
+
+
+def _zero_cotangent(x):
+  """Zero cotangents for MXArray operands (not differentiable); None for arrays."""
+  if isinstance(x, (MXArray, tuple)):
+    return jax.tree.map(jnp.zeros_like, x)
+  return None
+
+
+_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd)
