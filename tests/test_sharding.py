@@ -1,0 +1,100 @@
+"""MX ops under jit with NamedSharding on 8 CPU devices (XLA_FLAGS set in conftest.py)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import mxjax
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+
+COLLECTIVE = re.compile(r"all-gather|all-to-all|collective-permute|all-reduce")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  # Auto axes: the partitioner (Shardy) propagates shardings, as Flax's helpers expect.
+  return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def bits(a):
+  return np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8))
+
+
+def same_sharding(a, mesh, spec):
+  return a.sharding.is_equivalent_to(NamedSharding(mesh, spec), a.ndim)
+
+
+def hlo(f, *args):
+  return f.lower(*args).compile().as_text()
+
+
+SPECS = [P("data", None), P(None, "model"), P("data", "model"), P(None, ("data", "model")),
+         P(("model", "data"), None)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m3", "e2m1"])
+def test_sharded_quantize_is_shard_local_and_bit_identical(mesh, spec, fmt):
+  x = jax.random.normal(jax.random.key(0), (256, 512), jnp.bfloat16) * 3
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  expected = mxjax.quantize(x, fmt)
+  f = jax.jit(lambda x: mxjax.quantize(x, fmt))
+  got = f(xs)
+  np.testing.assert_array_equal(bits(got.data), bits(expected.data))
+  np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
+  assert same_sharding(got.data, mesh, spec) and same_sharding(got.scales, mesh, spec)
+  assert not COLLECTIVE.search(hlo(f, xs))
+  # quantize_2x: both quantizations shard-local too (each shard holds whole blocks).
+  g = jax.jit(lambda x: mxjax.quantize_2x(x, fmt))
+  rows, cols = g(xs)
+  exp_rows, exp_cols = mxjax.quantize_2x(x, fmt)
+  for a, b in ((rows, exp_rows), (cols, exp_cols)):
+    np.testing.assert_array_equal(bits(a.data), bits(b.data))
+    np.testing.assert_array_equal(bits(a.scales), bits(b.scales))
+  assert not COLLECTIVE.search(hlo(g, xs))
+  # dequantize of the sharded MXArray stays sharded and local.
+  d = jax.jit(lambda a: a.dequantize(jnp.bfloat16))
+  out = d(got)
+  np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                np.asarray(expected.dequantize(jnp.bfloat16), np.float32))
+  assert same_sharding(out, mesh, spec)
+  assert not COLLECTIVE.search(hlo(d, got))
+
+
+def test_shards_that_cut_blocks_are_gathered_not_wrong(mesh):
+  # 8 shards of 80 columns: 10 per shard cuts the 32-blocks; the answer must stay right.
+  x = jax.random.normal(jax.random.key(1), (16, 80), jnp.float32)
+  xs = jax.device_put(x, NamedSharding(mesh, P(None, ("data", "model"))))
+  got = jax.jit(lambda x: mxjax.quantize(x, "e4m3"))(xs)
+  expected = mxjax.quantize(x, "e4m3")
+  np.testing.assert_array_equal(bits(got.data), bits(expected.data))
+  np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
+  # A length that is not a multiple of the block at all.
+  y = jax.random.normal(jax.random.key(2), (16, 100), jnp.float32)
+  ys = jax.device_put(y, NamedSharding(mesh, P("data", "model")))
+  got = jax.jit(lambda y: mxjax.quantize(y, "e2m1"))(ys)
+  expected = mxjax.quantize(y, "e2m1")
+  np.testing.assert_array_equal(bits(got.data), bits(expected.data))
+  np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
+
+
+def test_sharded_dot_general_matches_single_device(mesh):
+  x = jax.random.normal(jax.random.key(3), (64, 256), jnp.float32)
+  w = jax.random.normal(jax.random.key(4), (256, 128), jnp.float32)
+  loss = lambda x, w: jnp.sum(mxjax.matmul(x, w) ** 2)
+  expected = jax.value_and_grad(loss, (0, 1))(x, w)
+  for xspec, wspec in [(P("data", None), P(None, None)),  # data parallel
+                       (P("data", None), P(None, "model")),  # tensor parallel, column
+                       (P("data", "model"), P("model", None))]:  # tensor parallel, row
+    xs = jax.device_put(x, NamedSharding(mesh, xspec))
+    ws = jax.device_put(w, NamedSharding(mesh, wspec))
+    f = jax.jit(jax.value_and_grad(loss, (0, 1)))
+    got = f(xs, ws)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1][0], expected[1][0], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[1][1], expected[1][1], rtol=1e-5, atol=1e-4)
