@@ -1,12 +1,13 @@
 """Block-scaled `dot_general` with a custom VJP: MX forward, MX gradients.
 
-Every product is canonicalized to `[B, M, K] x [B, N, K] -> [B, M, N]` (batch, free and
-contracting dims each flattened, in `lax.dot_general`'s output order), so blocks always run
-along the flattened contraction of that product:
+Every product is canonicalized to `lhs [B, M, K] x rhs [B, K, N] -> [B, M, N]` (batch,
+free and contracting dims each flattened, in `lax.dot_general`'s output order; for the
+usual `x[..., K] . w[K, N]` that is only a reshape), so blocks always run along the
+flattened axis each product contracts:
 
   forward   out   = q(lhs, K) . q(rhs, K)             fwd_format
   dgrad     dlhs  = q(g, N)   . q(rhs, N)             g in bwd_format, rhs in fwd_format
-  wgrad     drhs  = q(g, M)   . q(lhs, M)             g in bwd_format, lhs in fwd_format
+  wgrad     drhs  = q(lhs, M) . q(g, M)               g in bwd_format, lhs in fwd_format
 
 `q(x, A)` quantizes along A; both quantizations of an operand come from its
 high-precision value in one pass (`quantize_2x`), and the forward keeps only the
@@ -40,23 +41,38 @@ DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-  """How one operand maps to its canonical `[B, F, K]` form (F = M for lhs, N for rhs)."""
+  """How one operand maps to its canonical form: `[B, M, K]` for lhs, `[B, K, N]` for rhs."""
 
   shape: tuple[int, ...]
   batch: tuple[int, ...]
   free: tuple[int, ...]
   contract: tuple[int, ...]
+  contract_first: bool  # rhs: [B, K, N]
+
+  @property
+  def groups(self) -> tuple[tuple[int, ...], ...]:
+    middle = (self.contract, self.free) if self.contract_first else (self.free, self.contract)
+    return (self.batch, *middle)
 
   @property
   def perm(self) -> tuple[int, ...]:
-    return self.batch + self.free + self.contract
+    return sum(self.groups, ())
+
+  @property
+  def contract_axis(self) -> int:
+    """Where K sits in the canonical form (1 or 2); the free axis is the other one."""
+    return 1 if self.contract_first else 2
+
+  @property
+  def free_axis(self) -> int:
+    return 3 - self.contract_axis
 
   def sizes(self, dims) -> tuple[int, ...]:
     return tuple(self.shape[d] for d in dims)
 
   @property
   def canonical_shape(self) -> tuple[int, int, int]:
-    return tuple(math.prod(self.sizes(d)) for d in (self.batch, self.free, self.contract))
+    return tuple(math.prod(self.sizes(g)) for g in self.groups)
 
   def to_canonical(self, x: jax.Array) -> jax.Array:
     return jnp.transpose(x, self.perm).reshape(self.canonical_shape)
@@ -102,8 +118,8 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   """
   (lc, rc), (lb, rb) = dimension_numbers
   lhs_info, rhs_info = _operand_info(lhs, "lhs"), _operand_info(rhs, "rhs")
-  lhs_layout = _layout(lhs_info[0], lc, lb, "lhs")
-  rhs_layout = _layout(rhs_info[0], rc, rb, "rhs")
+  lhs_layout = _layout(lhs_info[0], lc, lb, "lhs", contract_first=False)
+  rhs_layout = _layout(rhs_info[0], rc, rb, "rhs", contract_first=True)
   for name, dims_l, dims_r in (("contracting", lc, rc), ("batch", lb, rb)):
     sizes_l, sizes_r = lhs_layout.sizes(tuple(dims_l)), rhs_layout.sizes(tuple(dims_r))
     if sizes_l != sizes_r:
@@ -158,7 +174,7 @@ def _operand_info(x, name: str):
   return x.shape, jnp.dtype(x.dtype)
 
 
-def _layout(shape, contract, batch, name) -> _Layout:
+def _layout(shape, contract, batch, name, contract_first: bool) -> _Layout:
   ndim = len(shape)
   dims = [int(d) % ndim if -ndim <= d < ndim else None for d in (*contract, *batch)]
   if None in dims or len(set(dims)) != len(dims):
@@ -168,26 +184,25 @@ def _layout(shape, contract, batch, name) -> _Layout:
   if not contract:
     raise ValueError("mxjax.dot_general needs at least one contracting dimension to block")
   free = tuple(d for d in range(ndim) if d not in contract and d not in batch)
-  return _Layout(tuple(shape), batch, free, contract)
+  return _Layout(tuple(shape), batch, free, contract, contract_first)
 
 
 def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
-  """An MXArray operand in canonical `[B, F, K]` form (quantized along K, or along F)."""
+  """An MXArray operand in canonical form, quantized along K (role "contract") or along
+  the free axis (role "free")."""
   along = {"contract": layout.contract, "free": layout.free}[role]
   if len(along) != 1 or a.axis != along[0]:
     raise ValueError(
         f"mxjax.dot_general: the MXArray {name} is quantized along axis {a.axis}, but the "
         f"product needs it quantized along its {'contracting' if role == 'contract' else 'free'}"
         f" dimension {along if len(along) != 1 else along[0]} (exactly one such dimension)")
-  b, f, k = layout.canonical_shape
-  data_shape = [b, f, k]
-  data_shape[2 if role == "contract" else 1] = a.data.shape[a.axis]
-  scale_shape = [b, f, k]
-  scale_shape[2 if role == "contract" else 1] = a.scales.shape[a.axis]
+  axis = layout.contract_axis if role == "contract" else layout.free_axis
+  data_shape, scale_shape = list(layout.canonical_shape), list(layout.canonical_shape)
+  data_shape[axis], scale_shape[axis] = a.data.shape[a.axis], a.scales.shape[a.axis]
   return dataclasses.replace(
       a, data=jnp.transpose(a.data, layout.perm).reshape(data_shape),
       scales=jnp.transpose(a.scales, layout.perm).reshape(scale_shape),
-      axis_from_end=-1 if role == "contract" else -2)
+      axis_from_end=axis - 3)
 
 
 def _prepare(x, layout: _Layout, config: _DotConfig, name: str):
@@ -198,8 +213,9 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str):
   if isinstance(x, MXArray):
     along_k = _canonical_mx(x, layout, "contract", name)
     return along_k, along_k  # the backward uses its exact values, never re-quantized
-  return quantize_2x(layout.to_canonical(x), config.fwd_format, block_size=config.block_size,
-                     scale_mode=config.scale_mode)
+  return quantize_2x(layout.to_canonical(x), config.fwd_format,
+                     axes=(layout.contract_axis, layout.free_axis),
+                     block_size=config.block_size, scale_mode=config.scale_mode)
 
 
 def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
@@ -217,7 +233,7 @@ def _mx_dot(config: _DotConfig, lhs, rhs):
 def _forward(config: _DotConfig, lhs, rhs):
   lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs")
   rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs")
-  out = _product(lhs_k, rhs_k, (2, 2))  # [B, M, N]
+  out = _product(lhs_k, rhs_k, (2, 1))  # [B, M, K] . [B, K, N] -> [B, M, N]
   out_shape = config.lhs.sizes(config.lhs.batch + config.lhs.free) + config.rhs.sizes(
       config.rhs.free)
   return out.astype(config.out_dtype).reshape(out_shape), (lhs_m, rhs_n)
@@ -231,15 +247,15 @@ def _mx_dot_fwd(config, lhs, rhs):
 def _mx_dot_bwd(config: _DotConfig, residuals, g):
   (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
   b, m, _ = config.lhs.canonical_shape
-  n = config.rhs.canonical_shape[1]
+  n = config.rhs.canonical_shape[2]
   g_n, g_m = quantize_2x(g.reshape(b, m, n), config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
   dlhs = lhs_zero
   if dlhs is None:
-    dlhs = config.lhs.from_canonical(_product(g_n, rhs_n, (2, 1))).astype(config.lhs_dtype)
+    dlhs = config.lhs.from_canonical(_product(g_n, rhs_n, (2, 2))).astype(config.lhs_dtype)
   drhs = rhs_zero
   if drhs is None:
-    drhs = config.rhs.from_canonical(_product(g_m, lhs_m, (1, 1))).astype(config.rhs_dtype)
+    drhs = config.rhs.from_canonical(_product(lhs_m, g_m, (1, 1))).astype(config.rhs_dtype)
   return dlhs, drhs
 
 

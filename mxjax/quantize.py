@@ -202,14 +202,20 @@ def quantize_2x(x, format="e4m3", *, axes: tuple[int, int] = (-1, -2),
   a0, a1 = (_normalize_axis(a, x.ndim) for a in axes)
   if a0 == a1:
     raise ValueError(f"quantize_2x needs two distinct axes; got {axes}")
-  # Bring axes[0] to the end and axes[1] just before it (a no-op for the default axes).
+  last, second = x.ndim - 1, x.ndim - 2
+  if {a0, a1} == {last, second}:  # the kernel's own axes: no transpose
+    row_data, row_scales, col_data, col_scales = _quantize_2x_op(fmt, block_size, mode)(x)
+    rows = _mxarray(row_data, row_scales, fmt, block_size, last, x, mode)
+    cols = _mxarray(col_data, col_scales, fmt, block_size, second, x, mode)
+    return (rows, cols) if a0 == last else (cols, rows)
+  # Otherwise bring axes[0] to the end and axes[1] just before it, and back after.
   perm = [d for d in range(x.ndim) if d not in (a0, a1)] + [a1, a0]
   inverse = np.argsort(perm).tolist()
-  xt = jnp.transpose(x, perm) if perm != list(range(x.ndim)) else x
-  row_data, row_scales, col_data, col_scales = _quantize_2x_op(fmt, block_size, mode)(xt)
-  untranspose = (lambda a: a) if xt is x else (lambda a: jnp.transpose(a, inverse))
-  rows = _mxarray(untranspose(row_data), untranspose(row_scales), fmt, block_size, a0, x, mode)
-  cols = _mxarray(untranspose(col_data), untranspose(col_scales), fmt, block_size, a1, x, mode)
+  row_data, row_scales, col_data, col_scales = _quantize_2x_op(fmt, block_size, mode)(
+      jnp.transpose(x, perm))
+  back = lambda a: jnp.transpose(a, inverse)  # noqa: E731
+  rows = _mxarray(back(row_data), back(row_scales), fmt, block_size, a0, x, mode)
+  cols = _mxarray(back(col_data), back(col_scales), fmt, block_size, a1, x, mode)
   return rows, cols
 
 
