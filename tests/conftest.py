@@ -1,0 +1,182 @@
+"""Shared test data and hypothesis strategies for the mxjax tests.
+
+Data builders return numpy arrays (ml_dtypes for bf16) so tests can both feed them to JAX
+and reason about them in float64 outside of XLA (whose CPU threads flush f32 subnormals).
+"""
+
+from __future__ import annotations
+
+import os
+
+import hypothesis
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+FORMAT_NAMES = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+SCALE_MODES = ("rceil", "floor")
+DTYPES = (ml_dtypes.bfloat16, np.float16, np.float32)
+DTYPE_IDS = ("bf16", "f16", "f32")
+
+hypothesis.settings.register_profile(
+    "ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow,
+                           hypothesis.HealthCheck.data_too_large])
+hypothesis.settings.register_profile(
+    "dev", max_examples=100, deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def bits_of(a) -> np.ndarray:
+  """The bit patterns of a numpy / jax float array as unsigned ints of the same width."""
+  a = np.asarray(a)
+  return a.view(_UINT[a.dtype.itemsize])
+
+
+def assert_same_floats(got, want):
+  """Bit-equal float arrays (same dtype and shape), except that any NaN matches any NaN."""
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.dtype == want.dtype, (got.dtype, want.dtype)
+  assert got.shape == want.shape, (got.shape, want.shape)
+  nan_g, nan_w = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+  np.testing.assert_array_equal(nan_g, nan_w)
+  np.testing.assert_array_equal(np.where(nan_g, 0, bits_of(got)), np.where(nan_w, 0, bits_of(want)))
+
+
+def all_bf16_patterns(arrangement: str = "sequential") -> np.ndarray:
+  """All 65,536 bf16 bit patterns as a [2048, 32] bfloat16 array.
+
+  "sequential": row r holds patterns 32r .. 32r+31 (blocks of neighbouring values; 8 rows
+  hold NaN / Inf). "strided": row r holds patterns r, r + 2048, ... (every block spans
+  exponents, signs and specials; 128 rows hold NaN / Inf).
+  """
+  p = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+  if arrangement == "strided":
+    p = p.reshape(32, 2048).T.copy()
+  return p.reshape(2048, 32).view(ml_dtypes.bfloat16)
+
+
+def all_f16_patterns(arrangement: str = "sequential") -> np.ndarray:
+  """All 65,536 f16 bit patterns as a [2048, 32] float16 array (arranged as above)."""
+  return all_bf16_patterns(arrangement).view(np.uint16).view(np.float16)
+
+
+def f32_patterns(num_blocks: int = 2048, block_size: int = 32, seed: int = 0) -> np.ndarray:
+  """[num_blocks, block_size] float32: uniformly random bit patterns (every exponent,
+  subnormals, specials), random values within a few binades of each block's largest,
+  and the special blocks below."""
+  rng = np.random.default_rng(seed)
+  n = num_blocks * block_size
+  raw = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+  scale = np.exp2(rng.integers(-149, 128, size=(num_blocks, 1))).astype(np.float64)
+  near = (rng.uniform(-2, 2, size=(num_blocks, block_size)) * scale)
+  near = np.where(np.abs(near) < np.finfo(np.float32).max, near, 0).astype(np.float32)
+  # Mostly finite data: keep 1/8 of the raw rows (those hold specials often).
+  out = np.where((np.arange(num_blocks) % 8 == 0)[:, None], raw.reshape(num_blocks, -1), near)
+  return np.concatenate([out, special_blocks(np.float32, block_size)], axis=0)
+
+
+def special_blocks(dtype, block_size: int = 32, seed: int = 1) -> np.ndarray:
+  """[k, block_size] blocks of `dtype` aimed at the corners of the MX rules: zero and -0
+  blocks, subnormal-only blocks, NaN / +-Inf blocks, amax at and around every power of two
+  and at every format's max times powers of two (saturation, RCEIL/FLOOR boundary), and
+  the dtype's max; the other elements are random fractions of the amax."""
+  dtype = np.dtype(dtype)
+  fi = ml_dtypes.finfo(dtype)
+  rng = np.random.default_rng(seed)
+  tiny_sub = float(fi.smallest_subnormal)
+  rows = []
+
+  def block(amax, fill="random", sign=1.0):
+    if fill == "random":
+      b = rng.uniform(-1, 1, size=block_size) * amax
+    else:
+      b = np.full(block_size, fill, np.float64)
+    b[rng.integers(block_size)] = sign * amax
+    return b
+
+  rows.append(np.zeros(block_size))
+  rows.append(np.full(block_size, -0.0))
+  rows.append(np.where(np.arange(block_size) % 2, -0.0, 0.0))
+  for k in (1, 3, 2 ** (fi.nmant - 1) + 1, 2 ** fi.nmant - 1):  # subnormal-only
+    rows.append(block(k * tiny_sub, "random"))
+    rows.append(block(k * tiny_sub, 0.0, -1.0))
+  for special in (np.nan, np.inf, -np.inf):
+    b = rng.uniform(-1, 1, size=block_size)
+    b[rng.integers(block_size)] = special
+    rows.append(b)
+  maxes = (448.0, 57344.0, 28.0, 7.5, 6.0, 480.0, 464.0, 449.0)
+  for k in range(fi.minexp - fi.nmant, fi.maxexp, 3):
+    for m in (1.0, 1.0 - 2.0 ** -(fi.nmant + 1)) + tuple(mx / 2 ** np.floor(np.log2(mx)) for mx in maxes):
+      a = m * 2.0 ** k
+      for a2 in (a, a * (1 + 2.0 ** -fi.nmant), a * (1 - 2.0 ** -(fi.nmant + 1))):
+        rows.append(block(a2, "random", rng.choice([-1.0, 1.0])))
+  rows.append(block(float(fi.max), "random"))
+  rows.append(block(float(fi.max), float(fi.max), -1.0))
+  out = np.stack(rows)
+  big = np.isfinite(out) & (np.abs(out) > float(fi.max))
+  out = np.where(big, np.sign(out) * float(fi.max), out)
+  return out.astype(dtype)
+
+
+@pytest.fixture(scope="session")
+def bf16_patterns():
+  """Both arrangements of all bf16 bit patterns stacked: [4096, 32] bfloat16."""
+  return np.concatenate([all_bf16_patterns("sequential"), all_bf16_patterns("strided")])
+
+
+# ---------------------------------------------------------------------------------------
+# Hypothesis strategies
+
+
+@st.composite
+def shapes_and_axes(draw, min_rank: int = 1, max_rank: int = 4, max_len: int = 80,
+                    max_size: int = 4096):
+  """(shape, axis) with rank in [min_rank, max_rank]; the quantized axis has any length
+  in [1, max_len] (often not a multiple of any block); axis may be negative."""
+  rank = draw(st.integers(min_rank, max_rank))
+  axis = draw(st.integers(-rank, rank - 1))
+  shape = [draw(st.integers(1, 5)) for _ in range(rank)]
+  shape[axis] = draw(st.one_of(st.integers(1, max_len), st.sampled_from([16, 32, 64, 96])))
+  while np.prod(shape) > max_size:
+    i = int(np.argmax([s if j != axis % rank else 0 for j, s in enumerate(shape)]))
+    shape[i] = max(1, shape[i] // 2)
+  return tuple(shape), axis
+
+
+@st.composite
+def float_arrays(draw, shape, dtype, specials: bool = True):
+  """A numpy array of `shape` and `dtype` (bf16 / f16 / f32): a per-row scale anywhere in
+  the dtype's range times a few binades of spread, sprinkled with zeros, -0, subnormals,
+  random bit patterns and (when `specials`) NaN / +-Inf."""
+  dtype = np.dtype(dtype)
+  fi = ml_dtypes.finfo(dtype)
+  seed = draw(st.integers(0, 2 ** 32 - 1))
+  rng = np.random.default_rng(seed)
+  size = int(np.prod(shape))
+  lo, hi = fi.minexp - fi.nmant, fi.maxexp - 1
+  center = draw(st.one_of(st.integers(lo, hi), st.sampled_from([0, lo, hi, fi.minexp])))
+  spread = draw(st.sampled_from([0, 1, 4, 12, 40]))
+  expo = np.clip(center - rng.integers(0, spread + 1, size=size), lo, hi)
+  v = rng.uniform(1, 2, size=size) * np.exp2(expo.astype(np.float64))
+  v *= rng.choice([-1.0, 1.0], size=size)
+  v = np.clip(v, -float(fi.max), float(fi.max)).astype(dtype)
+  mix = draw(st.sampled_from(["none", "zeros", "bits", "all"]))
+  u = rng.uniform(size=size)
+  if mix in ("zeros", "all"):
+    v = np.where(u < 0.1, dtype.type(0), np.where(u < 0.15, dtype.type(-0.0), v))
+  if mix in ("bits", "all"):
+    raw = rng.integers(0, 1 << (8 * dtype.itemsize), size=size, dtype=np.uint64)
+    raw = raw.astype(_UINT[dtype.itemsize]).view(dtype)
+    if not specials:
+      raw = np.where(np.isfinite(raw), raw, dtype.type(0))
+    v = np.where(rng.uniform(size=size) < 0.2, raw, v)
+  if specials and draw(st.booleans()):
+    k = draw(st.integers(1, 3))
+    idx = rng.integers(0, size, size=k)
+    v[idx] = rng.choice([np.nan, np.inf, -np.inf], size=k).astype(dtype)
+  return v.reshape(shape)
