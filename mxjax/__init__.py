@@ -1,0 +1,19 @@
+"""mxjax: OCP Microscaling (MX) formats for JAX.
+
+Quantize kernels on the XLA FFI (CPU, CUDA), a block-scaled `dot_general` with a custom
+VJP, recipes chosen with `autocast`, functional recipe state and Flax modules.
+"""
+
+from mxjax.formats import BLOCK_SIZES, ElementFormat, ScaleMode, element_format
+from mxjax.mxarray import MXArray
+from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x
+from mxjax.dot import dot_general, matmul
+from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+                           MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax.context import autocast, get_recipe, quantized_model_init
+from mxjax.state import describe
+from mxjax.memory import memory_report
+from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
+from mxjax import fp8, linen, nnx, state
+
+__version__ = "0.1.0"

@@ -1,0 +1,145 @@
+"""The quantized projection the Flax modules share: `x[..., K] . kernel[K, N]` under a recipe.
+
+Framework-free: the linen and nnx modules read the kernel and the recipe state, call
+`reconcile_state` and `project`, and store what they return.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from mxjax import fp8, state as state_lib
+from mxjax.dot import dot_general as mx_dot_general
+from mxjax.mxarray import MXArray
+from mxjax.quantize import quantize_2x
+from mxjax.recipes import Recipe, recipe_for_quantized_weight
+
+_DIMS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731  x[..., K] . w[K, N]
+
+
+def is_quantized(kernel) -> bool:
+  """Whether a kernel was stored quantized (an MXArray or an MXArray pair)."""
+  return isinstance(kernel, MXArray) or (
+      isinstance(kernel, tuple) and kernel and isinstance(kernel[0], MXArray))
+
+
+def quantize_kernel(w, recipe: Recipe, columnwise: bool = True):
+  """A [K, N] kernel quantized for `recipe`: (along K, along N) or, without `columnwise`,
+  the along-K MXArray alone."""
+  along_k, along_n = quantize_2x(w, recipe.fwd_format, axes=(0, 1),
+                                 block_size=recipe.block_size, scale_mode=recipe.scale_mode)
+  return (along_k, along_n) if columnwise else along_k
+
+
+def weight_recipe(kernel) -> Recipe:
+  """The MX recipe a quantized kernel was made for."""
+  first = kernel[0] if isinstance(kernel, tuple) else kernel
+  return recipe_for_quantized_weight(first.format, first.block_size, first.scale_mode)
+
+
+def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
+  """Raises `ValueError("Recipe mismatch for ...")` if a quantized kernel cannot run
+  under `recipe` (None is fine: the kernel is dequantized)."""
+  if recipe is None:
+    return
+  first = kernel[0] if isinstance(kernel, tuple) else kernel
+  if not (recipe.mx() and recipe.fwd_format == first.format
+          and recipe.block_size == first.block_size and recipe.scale_mode == first.scale_mode):
+    raise ValueError(
+        f"Recipe mismatch for {where}: its kernel was quantized under quantized_model_init "
+        f"for [{weight_recipe(kernel)}], but the current recipe is [{recipe}]. Apply it "
+        "under a matching recipe, or initialize it in high precision.")
+
+
+def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,
+                    where: str, can_write: bool):
+  """The state to run `recipe` with, and whether it replaces `stored`.
+
+  Returns (state, replaced): `state` matches the recipe; `replaced` says it must be
+  written back (the stored one was made for another recipe kind, or there is none).
+  Warns `Recipe type changed` when a state made for one recipe meets another one and
+  arrays are discarded or made afresh (not between two stateless recipes).
+  """
+  kind = state_lib.kind_of(recipe)
+  fresh = state_lib.init(recipe)
+  if stored is not None and stored.kind == kind and (
+      jax.tree.map(jnp.shape, stored) == jax.tree.map(jnp.shape, fresh)):
+    return stored, False
+  if recipe is None:  # high precision: a stored state is left as it is
+    return fresh, stored is None
+  # Switching between stateless recipes loses nothing: no warning then.
+  if stored is not None and stored.kind != state_lib.HIGH_PRECISION and (
+      jax.tree.leaves(stored) or recipe.stateful()):
+    action = ("is replaced by its initial state" if can_write else
+              "cannot be replaced (the state collection is not mutable)")
+    warnings.warn(f"Recipe type changed for {where}: its state was made for {stored.kind}, "
+                  f"the current recipe is {recipe}; the state {action}.", UserWarning,
+                  stacklevel=2)
+  if recipe.stateful() and not can_write:
+    raise ValueError(
+        f"{where} runs {kind}, which needs its recipe state, but the state collection "
+        f"holds {stored.kind if stored else 'nothing'} and is not mutable: initialize the "
+        "model under this autocast, or apply it once with the collection mutable.")
+  return fresh, True
+
+
+@jax.custom_vjp
+def _attach(y, tree):
+  """`y`, with the gradient of `tree` being `tree` itself (held under gradient overwrite)."""
+  del tree
+  return y
+
+
+def _attach_fwd(y, tree):
+  return y, tree
+
+
+def _attach_bwd(tree, g):
+  return g, tree
+
+
+_attach.defvjp(_attach_fwd, _attach_bwd)
+
+
+def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
+            held_state=None, *, dtype, where: str):
+  """`x . kernel` under `recipe`.
+
+  Args:
+    x: [..., K] array of the computation dtype.
+    kernel: [K, N] array of the computation dtype, or a quantized kernel (MXArray pair).
+    recipe: None (high precision), an MX recipe or a per-tensor FP8 recipe.
+    recipe_state: the state for `recipe` (`reconcile_state`).
+    held_state: a stored state that this step does not advance (another kind): its
+      gradient is itself, so gradient overwrite keeps it.
+    dtype: the output dtype.
+    where: the module's name, for errors.
+
+  Returns:
+    (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
+  """
+  quantized = is_quantized(kernel)
+  if quantized:
+    check_quantized_kernel(kernel, recipe, where)
+  next_state = recipe_state
+  if recipe is None:
+    if quantized:
+      kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(dtype)
+    y = lax.dot_general(x, kernel, _DIMS(x), preferred_element_type=dtype)
+  elif recipe.mx():
+    y = mx_dot_general(x, kernel, _DIMS(x), fwd_format=recipe.fwd_format,
+                       bwd_format=recipe.bwd_format, block_size=recipe.block_size,
+                       scale_mode=recipe.scale_mode, preferred_element_type=dtype)
+  elif recipe.fp8():
+    y, amaxes = fp8.dot_general(x, kernel, _DIMS(x), recipe, recipe_state.tensors or None,
+                                preferred_element_type=dtype)
+    next_state = state_lib.update(recipe_state, amaxes, recipe)
+  else:
+    raise ValueError(f"{where}: no GEMM for recipe {recipe}")
+  if held_state is not None and jax.tree.leaves(held_state):
+    y = _attach(y, held_state)
+  return y.astype(dtype), next_state

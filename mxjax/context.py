@@ -1,0 +1,99 @@
+"""Which recipe the GEMMs use: `autocast(...)` and `quantized_model_init(...)`.
+
+Both are context managers over `jax.make_user_context` values, so `jax.jit`'s cache is
+keyed on them: a jitted function called under another recipe is traced again instead of
+silently running the recipe it was first traced with. The values are recipes (frozen,
+hashable dataclasses) or None.
+
+    with mxjax.autocast(recipe=mxjax.DelayedScaling()):
+      loss = train_step(...)       # traced for DelayedScaling
+    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
+      loss = train_step(...)       # traced again, for MXFP8
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+
+from mxjax.recipes import MXFP8BlockScaling, Recipe
+
+#: The recipe of the innermost enabled `autocast`, or None (high precision).
+_AUTOCAST = jax.make_user_context(default_value=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedInit:
+  """How `quantized_model_init` stores kernels: in `recipe`'s forward format, as the pair
+  (along the contraction, along the output features) or, with `columnwise=False`, as the
+  first copy alone."""
+
+  recipe: Recipe
+  columnwise: bool = True
+
+
+_QUANTIZED_INIT = jax.make_user_context(default_value=None)
+
+
+def _check_recipe(recipe, what: str) -> Recipe:
+  if recipe is None:
+    return MXFP8BlockScaling()
+  if not isinstance(recipe, Recipe):
+    raise TypeError(f"{what} needs an mxjax recipe (e.g. MXFP8BlockScaling()), got "
+                    f"{type(recipe).__name__}")
+  return recipe
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, recipe: Recipe | None = None):
+  """Runs the mxjax modules (and functions that ask `get_recipe()`) under `recipe`.
+
+  Args:
+    enabled: False computes in high precision (the modules' plain dtype), also inside an
+      enabled autocast.
+    recipe: the recipe; None means `MXFP8BlockScaling()`.
+
+  Nested contexts restore the outer value on exit.
+  """
+  value = _check_recipe(recipe, "autocast") if enabled else None
+  with _AUTOCAST(value):
+    yield
+
+
+def get_recipe() -> Recipe | None:
+  """The recipe of the innermost enabled `autocast`; None outside one or when disabled."""
+  return _AUTOCAST.value
+
+
+@contextlib.contextmanager
+def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
+                         columnwise: bool = True):
+  """Modules initialized inside store their kernels quantized (MX recipes only).
+
+  Each kernel is quantized once from its high-precision initial value with
+  `mxjax.quantize.quantize_2x`: the forward copy (blocks along the contraction) and, when
+  `columnwise`, the backward copy (blocks along the output features). Such weights are
+  frozen (they get zero gradients) and can only be applied under a matching recipe (or
+  with autocast off, where they are dequantized).
+
+  Args:
+    enabled: False initializes kernels in high precision as usual.
+    recipe: an MX recipe; None means `MXFP8BlockScaling()`.
+    columnwise: keep the backward copy too (about twice the memory of the forward copy).
+  """
+  value = None
+  if enabled:
+    recipe = _check_recipe(recipe, "quantized_model_init")
+    if not recipe.mx():
+      raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs an MX "
+                       f"recipe; got {recipe}")
+    value = QuantizedInit(recipe, bool(columnwise))
+  with _QUANTIZED_INIT(value):
+    yield
+
+
+def get_quantized_init() -> QuantizedInit | None:
+  """The active `quantized_model_init` settings, or None."""
+  return _QUANTIZED_INIT.value

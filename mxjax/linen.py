@@ -1,0 +1,239 @@
+"""Flax linen modules whose GEMMs follow the active recipe: Dense, DenseGeneral,
+LayerNormDense, LayerNormMLP.
+
+The recipe is the module's `recipe` attribute or, when None, the one of the enclosing
+`mxjax.autocast` (none: plain high precision). Params are named like Flax's
+(`kernel`, `bias`); the recipe state of each GEMM is the variable `recipe_state` in the
+collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances).
+
+Kernels initialized under `mxjax.quantized_model_init` are stored as MXArrays in 2-D
+form `[prod(contracted dims), prod(features)]` and are frozen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mxjax import _gemm, context, state as state_lib
+from mxjax.recipes import Recipe
+
+default_kernel_init = nn.initializers.lecun_normal()
+_STATE_NAME = "recipe_state"
+
+
+def _module_path(module: nn.Module) -> str:
+  path = "/".join(str(p) for p in module.scope.path) if module.scope else ""
+  return f"{type(module).__name__} '{path}'" if path else f"{type(module).__name__} (top level)"
+
+
+def _canonical_axes(axes, ndim: int) -> tuple[int, ...]:
+  axes = (axes,) if isinstance(axes, int) else tuple(axes)
+  return tuple(sorted(a % ndim for a in axes))
+
+
+class DenseGeneral(nn.Module):
+  """A linear map over the input axes `axis` to output dims `features`, under the recipe.
+
+  Attributes:
+    features: int or tuple of output dims.
+    axis: input axes contracted (int or tuple).
+    use_bias: add a bias of shape `features`.
+    dtype: computation / output dtype; None: promoted from input and params.
+    param_dtype: dtype of the high-precision params.
+    kernel_init, bias_init: Flax initializers (kernel shape `(*in_dims, *features)`).
+    kernel_axes, bias_axes: logical axis names (nn.with_logical_partitioning), or ().
+    recipe: None means the autocast recipe.
+    state_collection: the variable collection of the recipe state.
+  """
+
+  features: int | Sequence[int]
+  axis: int | Sequence[int] = -1
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+  bias_init: Callable = nn.initializers.zeros_init()
+  kernel_axes: tuple[str, ...] = ()
+  bias_axes: tuple[str, ...] = ()
+  recipe: Recipe | None = None
+  state_collection: str = state_lib.STATE_COLLECTION
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., *in_dims] -> [..., *features]."""
+    features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    axes = _canonical_axes(self.axis, x.ndim)
+    in_dims = tuple(x.shape[a] for a in axes)
+    k, n = math.prod(in_dims), math.prod(features)
+    kernel = self._kernel(in_dims + features, (k, n))
+    bias = None
+    if self.use_bias:
+      bias_init = self.bias_init
+      if self.bias_axes:
+        bias_init = nn.with_logical_partitioning(bias_init, self.bias_axes)
+      bias = self.param("bias", bias_init, features, self.param_dtype)
+
+    batch = [d for d in range(x.ndim) if d not in axes]
+    x2 = jnp.transpose(x, batch + list(axes)).reshape(*(x.shape[d] for d in batch), k)
+    quantized = _gemm.is_quantized(kernel)
+    dtype = self.dtype or jnp.result_type(
+        x.dtype, self.param_dtype if quantized else kernel.dtype,
+        *([bias.dtype] if bias is not None else []))
+    x2 = x2.astype(dtype)
+    if not quantized:
+      kernel = kernel.reshape(k, n).astype(dtype)
+    y = self._project(x2, kernel, dtype)
+    y = y.reshape(*y.shape[:-1], *features)
+    if bias is not None:
+      y = y + bias.astype(dtype)
+    return y
+
+  def _kernel(self, shape, shape_2d):
+    """The `kernel` param: high precision of `shape`, or quantized in 2-D form."""
+    qinit = context.get_quantized_init()
+    if qinit is not None and not self.has_variable("params", "kernel"):
+      def quantized_init(key, shape, dtype):
+        w = self.kernel_init(key, shape, dtype).reshape(shape_2d)
+        return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+      return self.param("kernel", quantized_init, shape, self.param_dtype)
+    kernel_init = self.kernel_init
+    if self.kernel_axes:
+      kernel_init = nn.with_logical_partitioning(kernel_init, self.kernel_axes)
+    return self.param("kernel", kernel_init, shape, self.param_dtype)
+
+  def _recipe(self) -> Recipe | None:
+    return self.recipe if self.recipe is not None else context.get_recipe()
+
+  def _project(self, x2, kernel, dtype):
+    recipe = self._recipe()
+    if recipe is None and self.is_initializing() and context.get_quantized_init() is not None:
+      recipe = context.get_quantized_init().recipe  # the state made at init follows it
+    where = _module_path(self)
+    if _gemm.is_quantized(kernel):
+      _gemm.check_quantized_kernel(kernel, recipe, where)
+    col = self.state_collection
+    stored = self.get_variable(col, _STATE_NAME) if self.has_variable(col, _STATE_NAME) else None
+    can_write = self.is_mutable_collection(col)
+    run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write)
+    held = stored if (stored is not None and run_state is not stored) else None
+    y, forward_state = _gemm.project(x2, kernel, recipe, run_state, held, dtype=dtype,
+                                     where=where)
+    if can_write and (replaced or run_state is stored):
+      # Like BatchNorm's statistics, init stores the initial state without this batch.
+      self.put_variable(col, _STATE_NAME, run_state if self.is_initializing() else forward_state)
+    return y
+
+
+class Dense(DenseGeneral):
+  """`x[..., K] . kernel[K, features] + bias` under the recipe (the linen Dense API):
+  a DenseGeneral over the last axis, with an int `features`."""
+
+
+class LayerNormDense(nn.Module):
+  """LayerNorm or RMSNorm, then a DenseGeneral (the norm runs in high precision).
+
+  Attributes:
+    features, axis, use_bias, dtype, param_dtype, kernel_init, bias_init, kernel_axes,
+      bias_axes, recipe, state_collection: as in DenseGeneral (its submodule `dense`).
+    norm_type: "layernorm" or "rmsnorm" (submodule `norm`, normalizing the last axis).
+    epsilon: the norm's epsilon.
+  """
+
+  features: int | Sequence[int]
+  axis: int | Sequence[int] = -1
+  norm_type: str = "layernorm"
+  epsilon: float = 1e-6
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+  bias_init: Callable = nn.initializers.zeros_init()
+  kernel_axes: tuple[str, ...] = ()
+  bias_axes: tuple[str, ...] = ()
+  recipe: Recipe | None = None
+  state_collection: str = state_lib.STATE_COLLECTION
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., *in_dims] -> [..., *features]."""
+    x = _norm(self.norm_type, self.epsilon, self.dtype, self.param_dtype)(x)
+    return DenseGeneral(self.features, self.axis, self.use_bias, self.dtype, self.param_dtype,
+                        self.kernel_init, self.bias_init, self.kernel_axes, self.bias_axes,
+                        self.recipe, self.state_collection, name="dense")(x)
+
+
+def _norm(norm_type: str, epsilon: float, dtype, param_dtype) -> nn.Module:
+  if norm_type == "layernorm":
+    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, name="norm")
+  if norm_type == "rmsnorm":
+    return nn.RMSNorm(epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, name="norm")
+  raise ValueError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
+
+
+ACTIVATIONS: dict[str, Callable] = {
+    "linear": lambda x: x,
+    "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu,
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "squared_relu": lambda x: jnp.square(jax.nn.relu(x)),
+    "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh,
+}
+
+
+class LayerNormMLP(nn.Module):
+  """norm -> Dense `wi` -> activation(s) -> Dense `wo`, back to the input width.
+
+  With several `activations` (e.g. `("gelu", "linear")`, a GeGLU) `wi` computes one
+  `intermediate_dim` slice per activation in a single GEMM, and the activated slices are
+  multiplied together (gated linear unit).
+
+  Attributes:
+    intermediate_dim: the hidden width.
+    activations: names from `ACTIVATIONS`.
+    norm_type, epsilon: as in LayerNormDense.
+    use_bias, dtype, param_dtype, kernel_init, bias_init, recipe, state_collection: as in
+      DenseGeneral, for both GEMMs.
+    kernel_axes_1, kernel_axes_2: logical axes of `wi` / `wo` kernels, or ().
+  """
+
+  intermediate_dim: int = 256
+  activations: Sequence[str] = ("relu",)
+  norm_type: str = "layernorm"
+  epsilon: float = 1e-6
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+  bias_init: Callable = nn.initializers.zeros_init()
+  kernel_axes_1: tuple[str, ...] = ()
+  kernel_axes_2: tuple[str, ...] = ()
+  recipe: Recipe | None = None
+  state_collection: str = state_lib.STATE_COLLECTION
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., D] -> [..., D]."""
+    unknown = [a for a in self.activations if a not in ACTIVATIONS]
+    if unknown or not self.activations:
+      raise ValueError(f"activations must be a non-empty sequence of {sorted(ACTIVATIONS)}; "
+                       f"got {tuple(self.activations)}")
+    common = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+                  kernel_init=self.kernel_init, bias_init=self.bias_init, recipe=self.recipe,
+                  state_collection=self.state_collection)
+    h = _norm(self.norm_type, self.epsilon, self.dtype, self.param_dtype)(x)
+    num = len(self.activations)
+    h = Dense(num * self.intermediate_dim, kernel_axes=self.kernel_axes_1, name="wi",
+              **common)(h)
+    h = h.reshape(*h.shape[:-1], num, self.intermediate_dim)
+    out = ACTIVATIONS[self.activations[0]](h[..., 0, :])
+    for i, name in enumerate(self.activations[1:], 1):
+      out = out * ACTIVATIONS[name](h[..., i, :])
+    return Dense(x.shape[-1], kernel_axes=self.kernel_axes_2, name="wo", **common)(out)

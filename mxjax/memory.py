@@ -1,0 +1,69 @@
+"""How much memory a model's variables take, quantized kernels included."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from mxjax.mxarray import MXArray
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+  """Bytes of a variables tree.
+
+  Attributes:
+    nbytes: bytes as stored (an MXArray counts its data and scales).
+    f32_nbytes: bytes of the same logical tensors in float32 (a quantized pair of copies
+      of one kernel counts once).
+    quantized_nbytes, quantized_f32_nbytes: the same, over quantized kernels only.
+    entries: 'path' -> (nbytes, f32_nbytes) per array or quantized kernel.
+  """
+
+  nbytes: int
+  f32_nbytes: int
+  quantized_nbytes: int
+  quantized_f32_nbytes: int
+  entries: dict
+
+  @property
+  def ratio(self) -> float:
+    """nbytes / f32_nbytes over everything."""
+    return self.nbytes / max(self.f32_nbytes, 1)
+
+  @property
+  def quantized_ratio(self) -> float:
+    """nbytes / f32_nbytes over the quantized kernels (E4M3 pair, 32-blocks: 0.5156)."""
+    return self.quantized_nbytes / max(self.quantized_f32_nbytes, 1)
+
+  def __str__(self) -> str:
+    return (f"{self.nbytes / 2**20:.3f} MiB ({100 * self.ratio:.1f}% of f32); quantized "
+            f"kernels: {self.quantized_nbytes / 2**20:.3f} MiB "
+            f"({100 * self.quantized_ratio:.1f}% of f32)")
+
+
+def _is_kernel(x) -> bool:
+  return isinstance(x, MXArray) or (
+      isinstance(x, tuple) and bool(x) and all(isinstance(a, MXArray) for a in x))
+
+
+def memory_report(variables) -> MemoryReport:
+  """Counts the bytes of every array and quantized kernel in `variables` (any pytree)."""
+  entries, total, f32, q_total, q_f32 = {}, 0, 0, 0, 0
+  leaves = jax.tree_util.tree_flatten_with_path(variables, is_leaf=_is_kernel)[0]
+  for path, leaf in leaves:
+    key = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+    if _is_kernel(leaf):
+      copies = leaf if isinstance(leaf, tuple) else (leaf,)
+      nbytes = sum(a.nbytes for a in copies)
+      nbytes_f32 = math.prod(copies[0].shape) * 4
+      q_total, q_f32 = q_total + nbytes, q_f32 + nbytes_f32
+    else:
+      nbytes = math.prod(jnp.shape(leaf)) * jnp.dtype(leaf.dtype).itemsize
+      nbytes_f32 = math.prod(jnp.shape(leaf)) * 4
+    entries[key] = (nbytes, nbytes_f32)
+    total, f32 = total + nbytes, f32 + nbytes_f32
+  return MemoryReport(total, f32, q_total, q_f32, entries)

@@ -1,0 +1,82 @@
+"""Flax NNX `Linear` whose GEMM follows the active recipe (`mxjax.autocast`).
+
+The recipe state lives in the `RecipeStateVar` variable `recipe_state`. Each call stores
+the state with this call's input and kernel amaxes recorded (the forward half of
+`mxjax.state`); a call under another recipe kind replaces it (warning `Recipe type
+changed`). The gradient of `recipe_state` is the fully advanced state (gradient
+overwrite), as in the linen modules: take `nnx.grad` with respect to
+`nnx.Any(nnx.Param, RecipeStateVar)` and assign the state part back to advance the
+gradient's amax history too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mxjax import _gemm, context, state as state_lib
+from mxjax.recipes import Recipe
+
+
+class RecipeStateVar(nnx.Variable):
+  """Holds a `mxjax.state.RecipeState`."""
+
+
+class Linear(nnx.Module):
+  """`x[..., in_features] . kernel[in, out] + bias` under the recipe.
+
+  Args:
+    in_features, out_features: the kernel is f32[in_features, out_features] (param_dtype).
+    use_bias: add a bias [out_features].
+    dtype: computation / output dtype; None: promoted from input and params.
+    param_dtype, kernel_init, bias_init: as in `flax.nnx.Linear`.
+    recipe: None means the autocast recipe (none: high precision).
+    rngs: `nnx.Rngs` for the initializers.
+  """
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+               dtype: Any = None, param_dtype: Any = jnp.float32,
+               kernel_init: Callable = nnx.initializers.lecun_normal(),
+               bias_init: Callable = nnx.initializers.zeros_init(),
+               recipe: Recipe | None = None, rngs: nnx.Rngs):
+    self.in_features, self.out_features = in_features, out_features
+    self.dtype, self.param_dtype, self.recipe = dtype, param_dtype, recipe
+    w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
+    qinit = context.get_quantized_init()
+    if qinit is not None:
+      w = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+    self.kernel = nnx.Param(w)
+    self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype))
+                 if use_bias else None)
+    init_recipe = self._recipe() or (qinit.recipe if qinit is not None else None)
+    self.recipe_state = RecipeStateVar(state_lib.init(init_recipe))
+
+  def _recipe(self) -> Recipe | None:
+    return self.recipe if self.recipe is not None else context.get_recipe()
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., in_features] -> [..., out_features]."""
+    kernel = self.kernel.get_value()
+    bias = self.bias.get_value() if self.bias is not None else None
+    quantized = _gemm.is_quantized(kernel)
+    dtype = self.dtype or jnp.result_type(
+        x.dtype, self.param_dtype if quantized else kernel.dtype,
+        *([bias.dtype] if bias is not None else []))
+    if not quantized:
+      kernel = kernel.astype(dtype)
+    recipe, where = self._recipe(), f"nnx.Linear({self.in_features}, {self.out_features})"
+    if quantized:
+      _gemm.check_quantized_kernel(kernel, recipe, where)
+    stored = self.recipe_state.get_value()
+    run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
+    held = stored if run_state is not stored else None
+    y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
+                                     dtype=dtype, where=where)
+    if replaced or run_state is stored:
+      self.recipe_state.set_value(forward_state)
+    if bias is not None:
+      y = y + bias.astype(dtype)
+    return y

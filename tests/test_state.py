@@ -1,0 +1,172 @@
+"""mxjax.state: init / update of DelayedScaling state, the gradient-overwrite convention
+(mxjax.fp8), the mutable-collection convention, TrainState, and amax reduction."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
+from flax.training.train_state import TrainState
+
+from mxjax import context, fp8, linen as mxl, state as state_lib
+from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
+
+DIMS = (((1,), (0,)), ((), ()))
+
+
+def test_init_delayed_and_stateless():
+  s = state_lib.init(DelayedScaling(amax_history_len=8))
+  assert s.kind == "DelayedScaling" and set(s.tensors) == {"input", "kernel", "grad"}
+  for t in s.tensors.values():
+    assert t.amax_history.shape == (8,) and t.amax_history.dtype == jnp.float32
+    assert t.scale.shape == () and float(t.scale) == 1.0
+  for recipe in (MXFP8BlockScaling(), Float8CurrentScaling(), None):
+    s = state_lib.init(recipe)
+    assert jax.tree.leaves(s) == [] and s.kind == state_lib.kind_of(recipe)
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_update_rolls_history_and_sets_scale(algo, margin):
+  recipe = DelayedScaling(amax_history_len=3, amax_compute_algo=algo, margin=margin)
+  s = state_lib.init(recipe)
+  amaxes = [4.0, 1.0, 2.0, 0.5]
+  expected_history = [[4, 0, 0], [1, 4, 0], [2, 1, 4], [0.5, 2, 1]]
+  update = jax.jit(state_lib.update, static_argnums=2)
+  for amax, history in zip(amaxes, expected_history):
+    s = update(s, {"input": amax, "grad": amax}, recipe)
+    np.testing.assert_array_equal(s.tensors["input"].amax_history, history)
+    ref = max(history) if algo == "max" else history[0]
+    assert float(s.tensors["input"].scale) == pytest.approx(448.0 / ref / 2 ** margin)
+    assert float(s.tensors["grad"].scale) == pytest.approx(57344.0 / ref / 2 ** margin)
+    np.testing.assert_array_equal(s.tensors["kernel"].amax_history, [0, 0, 0])  # not given
+    assert float(s.tensors["kernel"].scale) == 1.0
+
+
+def test_update_keeps_scale_for_zero_or_nonfinite_amax():
+  recipe = DelayedScaling(amax_history_len=2, amax_compute_algo="most_recent")
+  s = state_lib.update(state_lib.init(recipe), {"input": 2.0}, recipe)
+  for bad in (0.0, jnp.inf, jnp.nan):
+    s2 = state_lib.update(s, {"input": bad}, recipe)
+    assert float(s2.tensors["input"].scale) == 224.0
+
+
+def test_update_refuses_another_kind():
+  with pytest.raises(ValueError, match="made for MXFP8BlockScaling"):
+    state_lib.update(state_lib.init(MXFP8BlockScaling()), {}, DelayedScaling())
+
+
+def test_fp8_dot_gradient_is_the_next_state():
+  """Gradient overwrite: d(loss)/d(state) is the state with the input, kernel and
+  output-gradient amaxes recorded and the scales the recipe gives."""
+  recipe = DelayedScaling(amax_history_len=4)
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  w = jax.random.normal(jax.random.key(1), (64, 16)) * 0.1
+  tensors = state_lib.init(recipe).tensors
+
+  def loss(x, w, tensors):
+    return 3.0 * fp8.dot_general(x, w, DIMS, recipe, tensors)[0].sum()
+
+  new = jax.grad(loss, argnums=2)(x, w, tensors)
+  for role, amax in (("input", jnp.max(jnp.abs(x))), ("kernel", jnp.max(jnp.abs(w))),
+                     ("grad", 3.0)):
+    np.testing.assert_allclose(new[role].amax_history, [amax, 0, 0, 0], rtol=1e-6)
+    limit = 57344.0 if role == "grad" else 448.0
+    np.testing.assert_allclose(new[role].scale, limit / amax, rtol=1e-6)
+
+
+def test_fp8_dot_uses_the_state_scale():
+  """A scale that makes every input saturate changes the result: the state is used."""
+  recipe = DelayedScaling(amax_history_len=1)
+  x = jnp.full((2, 32), 2.0)
+  w = jnp.ones((32, 4))
+  tensors = state_lib.init(recipe).tensors
+  out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
+  np.testing.assert_allclose(out, 64.0)
+  tensors = dict(tensors, input=state_lib.TensorScaling(tensors["input"].amax_history,
+                                                        jnp.float32(448.0)))
+  out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
+  np.testing.assert_allclose(out, 32.0)  # 2 * 448 saturates to 448, / 448 = 1 per element
+
+
+def _dense_variables(recipe, collection=state_lib.STATE_COLLECTION):
+  x = jax.random.normal(jax.random.key(0), (4, 32))
+  model = mxl.Dense(8, state_collection=collection)
+  with context.autocast(recipe=recipe):
+    variables = model.init(jax.random.key(1), x)
+  return model, variables, x
+
+
+def test_mutable_apply_records_forward_amaxes():
+  recipe = DelayedScaling(amax_history_len=4)
+  model, variables, x = _dense_variables(recipe)
+  with context.autocast(recipe=recipe):
+    _, mutated = model.apply(variables, x, mutable=["mx_state"])
+  s = mutated["mx_state"]["recipe_state"]
+  assert float(s.tensors["input"].amax_history[0]) == pytest.approx(float(jnp.max(jnp.abs(x))))
+  w = variables["params"]["kernel"]
+  assert float(s.tensors["kernel"].amax_history[0]) == pytest.approx(float(jnp.max(jnp.abs(w))))
+  np.testing.assert_array_equal(s.tensors["grad"].amax_history, 0)  # backward-only
+
+
+def test_train_state_overwrite_with_gradient():
+  """With the collection named OVERWRITE_WITH_GRADIENT, flax's TrainState advances the
+  state from the gradient while optax updates only the params."""
+  recipe = DelayedScaling(amax_history_len=5)
+  model, variables, x = _dense_variables(recipe, OVERWRITE_WITH_GRADIENT)
+  assert set(variables) == {"params", OVERWRITE_WITH_GRADIENT}
+  ts = TrainState.create(apply_fn=model.apply, params=variables, tx=optax.sgd(0.1))
+
+  @jax.jit
+  def step(ts, x):
+    grads = jax.grad(lambda v: jnp.sum(ts.apply_fn(v, x) ** 2))(ts.params)
+    return ts.apply_gradients(grads=grads)
+
+  with context.autocast(recipe=recipe):
+    for _ in range(3):
+      ts = step(ts, x)
+  s = ts.params[OVERWRITE_WITH_GRADIENT]["recipe_state"]
+  history = np.asarray(s.tensors["input"].amax_history)
+  np.testing.assert_allclose(history[:3], float(jnp.max(jnp.abs(x))), rtol=1e-6)
+  np.testing.assert_array_equal(history[3:], 0)
+  assert np.all(np.asarray(s.tensors["grad"].amax_history[:3]) > 0)
+  np.testing.assert_allclose(s.tensors["grad"].scale,
+                             57344.0 / np.max(s.tensors["grad"].amax_history), rtol=1e-6)
+  assert not np.allclose(ts.params["params"]["kernel"], variables["params"]["kernel"])
+
+
+def test_state_of_an_unused_recipe_survives_gradient_overwrite():
+  """Autocast off: the DelayedScaling state is not advanced, and its gradient is itself
+  (not zeros), so overwriting with the gradient keeps it."""
+  recipe = DelayedScaling(amax_history_len=2)
+  model, variables, x = _dense_variables(recipe)
+  grads = jax.grad(lambda v: model.apply(v, x).sum())(variables)
+  assert jax.tree.all(jax.tree.map(np.array_equal, grads["mx_state"], variables["mx_state"]))
+
+
+def test_reduce_amax_over_bound_named_axes():
+  """Inside a named axis (vmap / shard_map / pmap), the amax is the max over all of it;
+  under plain jit the array is global already."""
+  recipe = DelayedScaling()
+  x = jnp.arange(12.0).reshape(3, 4) - 5.0
+  per_row = jax.vmap(lambda r: state_lib.tensor_amax(r, recipe), axis_name="data")(x)
+  np.testing.assert_array_equal(per_row, [6.0, 6.0, 6.0])
+  local = jax.vmap(lambda r: state_lib.tensor_amax(r, DelayedScaling(reduce_amax=False)),
+                   axis_name="data")(x)
+  np.testing.assert_array_equal(local, [5.0, 2.0, 6.0])
+  assert float(jax.jit(state_lib.tensor_amax, static_argnums=1)(x, recipe)) == 6.0
+
+
+def test_describe_lists_every_gemm():
+  class Two(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return mxl.Dense(4, name="b")(mxl.Dense(8, name="a")(x))
+
+  with context.autocast(recipe=DelayedScaling(amax_history_len=2)):
+    variables = Two().init(jax.random.key(0), jnp.ones((2, 32)))
+  assert state_lib.describe(variables) == {"mx_state/a/recipe_state": "DelayedScaling",
+                                           "mx_state/b/recipe_state": "DelayedScaling"}
