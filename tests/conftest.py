@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 
+# Eight CPU devices for the sharding tests; must be set before jax is first imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
 import hypothesis
 import ml_dtypes
 import numpy as np
