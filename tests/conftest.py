@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 
 # Eight CPU devices for the sharding tests; must be set before jax is first imported.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
 
 import hypothesis
 import ml_dtypes
