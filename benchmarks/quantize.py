@@ -1,0 +1,80 @@
+"""Benchmark: MX quantize kernels (XLA FFI) against the same quantization in jax.numpy.
+
+For each format: rowwise quantize (along the last axis) and rowwise + columnwise
+(`quantize_2x`, one pass) of a bf16 matrix, against an XLA-compiled jnp version. The jnp
+baseline does float math (FP8 formats; not bit-exact at the edges, only a speed baseline)
+or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
+
+  python benchmarks/quantize.py [--formats e4m3,e2m1] [--shape 8192,8192] [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import interleaved_medians  # noqa: E402
+
+from mxjax import _ffi, formats, reference  # noqa: E402
+from mxjax.quantize import quantize, quantize_2x  # noqa: E402
+
+
+def jnp_quantize(x, fmt: str, axis: int, block_size: int = 32):
+  """RCEIL MX quantization along `axis` in float jnp: (data, E8M0 scales)."""
+  f = formats.element_format(fmt)
+  if f.packed:
+    return reference.quantize(x, fmt, axis=axis, block_size=block_size)
+  x = jnp.moveaxis(x, axis, -1).astype(jnp.float32)
+  blk = x.reshape(*x.shape[:-1], -1, block_size)
+  amax = jnp.max(jnp.abs(blk), axis=-1, keepdims=True)
+  e = jnp.clip(jnp.ceil(jnp.log2(amax / f.max)), -127, 127)
+  e = jnp.where(amax == 0, -127.0, e)
+  v = jnp.clip(blk * jnp.exp2(-e), -f.max, f.max).astype(f.storage_dtype)
+  scales = (e[..., 0] + 127).astype(jnp.uint8)
+  data = jnp.moveaxis(v.reshape(x.shape), -1, axis)
+  return data, jnp.moveaxis(scales, -1, axis)
+
+
+def bench(fmt: str, shape, reps: int) -> dict:
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+  fns = {
+      "kernel_row": jax.jit(lambda x: quantize(x, fmt)),
+      "kernel_2x": jax.jit(lambda x: quantize_2x(x, fmt)),
+      "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
+      "jnp_2x": jax.jit(lambda x: (jnp_quantize(x, fmt, -1), jnp_quantize(x, fmt, -2))),
+  }
+  return interleaved_medians(fns, x, reps=reps)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
+  parser.add_argument("--shape", default="8192,8192", help="input shape, e.g. 8192,8192")
+  parser.add_argument("--reps", type=int, default=7, help="timed repetitions (median)")
+  args = parser.parse_args(argv)
+  shape = tuple(int(s) for s in args.shape.split(","))
+  n = int(np.prod(shape))
+  info = _ffi.build_info()
+  print(f"mxjax quantize benchmark: bf16 {shape}, block 32, rceil; simd={info['simd']}, "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s), {os.cpu_count()} cores")
+  print(f"{'format':7} {'op':6} {'kernel ms':>10} {'Gelem/s':>8} {'jnp ms':>9} {'Gelem/s':>8} "
+        f"{'speedup':>8}")
+  for fmt in args.formats.split(","):
+    t = bench(fmt, shape, args.reps)
+    for op in ("row", "2x"):
+      k, j = t[f"kernel_{op}"], t[f"jnp_{op}"]
+      print(f"{fmt:7} {op:6} {k * 1e3:10.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {n / j / 1e9:8.2f} "
+            f"{j / k:7.2f}x")
+    print(f"{fmt:7} (rowwise+columnwise time) / (rowwise time) = "
+          f"{t['kernel_2x'] / t['kernel_row']:.2f}  (jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,82 @@
+// Attribute and buffer checks shared by the CPU handlers: every bad input becomes an
+// ffi::Error (InvalidArgument) instead of undefined behaviour.
+#ifndef MXJAX_CPU_CHECKS_H_
+#define MXJAX_CPU_CHECKS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace mxjax::cpu {
+
+namespace ffi = xla::ffi;
+
+// Storage facts of an element format id (see mxjax/formats.py).
+struct FormatInfo {
+  int group_codes, group_bytes;
+  ffi::DataType storage;
+  int64_t storage_length(int64_t n) const { return ceil_div(n, group_codes) * group_bytes; }
+};
+
+inline std::optional<FormatInfo> format_info(int32_t format) {
+  switch (format) {
+    case 0: return FormatInfo{1, 1, ffi::DataType::F8E4M3FN};
+    case 1: return FormatInfo{1, 1, ffi::DataType::F8E5M2};
+    case 2:
+    case 3: return FormatInfo{4, 3, ffi::DataType::U8};
+    case 4: return FormatInfo{2, 1, ffi::DataType::U8};
+    default: return std::nullopt;
+  }
+}
+
+inline std::optional<DType> high_precision(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16: return kBF16;
+    case ffi::DataType::F16: return kF16;
+    case ffi::DataType::F32: return kF32;
+    default: return std::nullopt;
+  }
+}
+
+inline ffi::Error invalid(const std::string& what) {
+  return ffi::Error::InvalidArgument("mxjax: " + what);
+}
+
+inline ffi::Error check_attrs(int32_t format, int32_t mode, int64_t block) {
+  if (!format_info(format)) return invalid("unknown format id " + std::to_string(format));
+  if (mode != 0 && mode != 1) return invalid("unknown scale_mode id " + std::to_string(mode));
+  if (block != 16 && block != 32 && block != 64) {
+    return invalid("unsupported block_size " + std::to_string(block) + " (16, 32 or 64)");
+  }
+  return ffi::Error::Success();
+}
+
+// `buf` has `dims` with dims[axis] replaced by `length`, and element type `type`.
+inline ffi::Error check_buffer(const char* name, const ffi::AnyBuffer& buf, ffi::DataType type,
+                               ffi::AnyBuffer::Dimensions dims, int64_t axis, int64_t length) {
+  if (buf.element_type() != type) return invalid(std::string(name) + " has the wrong dtype");
+  auto got = buf.dimensions();
+  bool ok = got.size() == dims.size();
+  for (size_t i = 0; ok && i < dims.size(); ++i) {
+    ok = got[i] == (int64_t(i) == axis ? length : dims[i]);
+  }
+  return ok ? ffi::Error::Success() : invalid(std::string(name) + " has the wrong shape");
+}
+
+// Splits dims into [outer, dims[axis], inner].
+inline void view3(ffi::AnyBuffer::Dimensions dims, int64_t axis, int64_t& outer, int64_t& n,
+                  int64_t& inner) {
+  outer = inner = 1;
+  for (int64_t i = 0; i < int64_t(dims.size()); ++i) {
+    if (i < axis) outer *= dims[i];
+    if (i > axis) inner *= dims[i];
+  }
+  n = dims[axis];
+}
+
+}  // namespace mxjax::cpu
+
+#endif  // MXJAX_CPU_CHECKS_H_

@@ -1,0 +1,144 @@
+// The CPU kernels for one SIMD level. CMake compiles this file once per level with
+// -DMXJAX_ISA_NS=<level> and that level's -m flags; the templates of quantize.h land in
+// a namespace of that name, and kernels_<level>() returns the table.
+#include "kernels.h"
+
+#include "mxjax/quantize.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace {
+
+using cpu::ceil_div;
+using cpu::kUnitCols;
+
+// Calls fn(F{}, In{}) with the element format and the high-precision type of the ids.
+template <class Fn>
+void dispatch(int32_t format, int32_t dtype, Fn&& fn) {
+  auto with_dtype = [&](auto f) {
+    switch (dtype) {
+      case cpu::kBF16: return fn(f, BF16{});
+      case cpu::kF16: return fn(f, F16{});
+      default: return fn(f, F32{});
+    }
+  };
+  switch (format) {
+    case kE4M3: return with_dtype(E4M3{});
+    case kE5M2: return with_dtype(E5M2{});
+    case kE3M2: return with_dtype(E3M2{});
+    case kE2M3: return with_dtype(E2M3{});
+    default: return with_dtype(E2M1{});
+  }
+}
+
+// A tile of a strided axis: outer index o, block row j, columns [c0, c1).
+struct Tile {
+  int64_t o, j, c0, c1;
+};
+
+Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
+  int64_t ncc = ceil_div(inner, kUnitCols);
+  int64_t cc = u % ncc;
+  int64_t oj = u / ncc;
+  return {oj / nb, oj % nb, cc * kUnitCols, min64(inner, (cc + 1) * kUnitCols)};
+}
+
+void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
+  dispatch(p.format, p.dtype, [&](auto f, auto in) {
+    using F = decltype(f);
+    using In = decltype(in);
+    using T = typename In::T;
+    const T* x = static_cast<const T*>(p.x);
+    const int64_t nb = ceil_div(p.n, p.block);
+    const int64_t storage = ceil_div(p.n, F::group_codes) * F::group_bytes;
+    const int block = int(p.block);
+    if (p.inner == 1) {  // units are blocks of rows
+      for (int64_t u = begin; u < end;) {
+        int64_t row = u / nb;
+        int64_t b1 = min64(nb, u % nb + (end - u));
+        quantize_row<F, In>(x + row * p.n, p.n, u % nb, b1, block, p.mode,
+                            p.data + row * storage, p.scales + row * nb);
+        u += b1 - u % nb;
+      }
+      return;
+    }
+    for (int64_t u = begin; u < end; ++u) {
+      Tile t = tile_of(u, nb, p.inner);
+      int rows = int(min64(p.block, p.n - t.j * p.block));
+      quantize_cols<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
+                           block, p.mode,
+                           p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
+                           p.scales + (t.o * nb + t.j) * p.inner);
+    }
+  });
+}
+
+void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
+  dispatch(p.format, p.dtype, [&](auto f, auto in) {
+    using F = decltype(f);
+    using In = decltype(in);
+    using T = typename In::T;
+    const T* x = static_cast<const T*>(p.x);
+    const int block = int(p.block);
+    const int64_t nbm = ceil_div(p.m, p.block), nbk = ceil_div(p.k, p.block);
+    const int64_t sm = ceil_div(p.m, F::group_codes) * F::group_bytes;
+    const int64_t sk = ceil_div(p.k, F::group_codes) * F::group_bytes;
+    for (int64_t u = begin; u < end; ++u) {
+      // Both quantizations of one [block, kUnitCols] tile while it is in L1.
+      Tile t = tile_of(u, nbm, p.k);
+      int rows = int(min64(p.block, p.m - t.j * p.block));
+      int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
+      quantize_cols<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode,
+                           p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k,
+                           p.col_scales + (t.o * nbm + t.j) * p.k);
+      for (int r = 0; r < rows; ++r) {
+        quantize_row<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
+                            p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
+      }
+    }
+  });
+}
+
+void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
+  dispatch(p.format, p.dtype, [&](auto f, auto out_type) {
+    using F = decltype(f);
+    using Out = decltype(out_type);
+    using T = typename Out::T;
+    T* out = static_cast<T*>(p.out);
+    const int64_t nb = ceil_div(p.n, p.block);
+    const int64_t storage = ceil_div(p.n, F::group_codes) * F::group_bytes;
+    const int block = int(p.block);
+    if (p.inner == 1) {
+      for (int64_t u = begin; u < end;) {
+        int64_t row = u / nb;
+        int64_t b1 = min64(nb, u % nb + (end - u));
+        dequantize_row<F, Out>(p.data + row * storage, p.scales + row * nb, p.n, u % nb, b1,
+                               block, out + row * p.n);
+        u += b1 - u % nb;
+      }
+      return;
+    }
+    for (int64_t u = begin; u < end; ++u) {
+      Tile t = tile_of(u, nb, p.inner);
+      int rows = int(min64(p.block, p.n - t.j * p.block));
+      dequantize_cols<F, Out>(p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
+                              p.scales + (t.o * nb + t.j) * p.inner, p.inner, rows, t.c0, t.c1,
+                              out + (t.o * p.n + t.j * p.block) * p.inner);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#define MXJAX_STR2(x) #x
+#define MXJAX_STR(x) MXJAX_STR2(x)
+#define MXJAX_CAT2(a, b) a##b
+#define MXJAX_CAT(a, b) MXJAX_CAT2(a, b)
+
+const mxjax::cpu::Kernels& mxjax::cpu::MXJAX_CAT(kernels_, MXJAX_ISA_NS)() {
+  static const Kernels table = {MXJAX_STR(MXJAX_ISA_NS), &mxjax::quantize, &mxjax::quantize_2x,
+                                &mxjax::dequantize};
+  return table;
+}

@@ -1,0 +1,75 @@
+// CPU kernel entry points: plain problem descriptions split into work units, and a table
+// of kernels compiled once per SIMD level (kernels.cc) with runtime dispatch (dispatch.cc).
+#ifndef MXJAX_CPU_KERNELS_H_
+#define MXJAX_CPU_KERNELS_H_
+
+#include <cstdint>
+
+namespace mxjax::cpu {
+
+enum DType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2 };
+
+// Columns of one work unit along a strided quantized axis (a multiple of every block).
+constexpr int64_t kUnitCols = 256;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// x viewed as [outer, n, inner], quantized along n. Work units: with inner == 1 one block
+// of one row each; otherwise one (outer, block row, kUnitCols columns) tile each.
+struct QuantizeProblem {
+  const void* x;
+  int32_t dtype, format, mode;
+  int64_t block, outer, n, inner;
+  uint8_t* data;    // [outer, storage(n), inner]
+  uint8_t* scales;  // [outer, ceil(n / block), inner]
+};
+
+// x viewed as [batch, m, k]: rowwise along k and columnwise along m in one pass. Work
+// units: one (batch, block row, kUnitCols columns) tile each.
+struct Quantize2xProblem {
+  const void* x;
+  int32_t dtype, format, mode;
+  int64_t block, batch, m, k;
+  uint8_t* row_data;    // [batch, m, storage(k)]
+  uint8_t* row_scales;  // [batch, m, ceil(k / block)]
+  uint8_t* col_data;    // [batch, storage(m), k]
+  uint8_t* col_scales;  // [batch, ceil(m / block), k]
+};
+
+// out viewed as [outer, n, inner]; units as for QuantizeProblem.
+struct DequantizeProblem {
+  const uint8_t* data;
+  const uint8_t* scales;
+  int32_t dtype, format;
+  int64_t block, outer, n, inner;
+  void* out;
+};
+
+inline int64_t units(int64_t block, int64_t outer, int64_t n, int64_t inner) {
+  int64_t nb = ceil_div(n, block);
+  return inner == 1 ? outer * nb : outer * nb * ceil_div(inner, kUnitCols);
+}
+inline int64_t units(const QuantizeProblem& p) { return units(p.block, p.outer, p.n, p.inner); }
+inline int64_t units(const DequantizeProblem& p) { return units(p.block, p.outer, p.n, p.inner); }
+inline int64_t units(const Quantize2xProblem& p) {
+  return p.batch * ceil_div(p.m, p.block) * ceil_div(p.k, kUnitCols);
+}
+
+// Kernels for one SIMD level; each runs work units [begin, end) of its problem.
+struct Kernels {
+  const char* simd;
+  void (*quantize)(const QuantizeProblem&, int64_t begin, int64_t end);
+  void (*quantize_2x)(const Quantize2xProblem&, int64_t begin, int64_t end);
+  void (*dequantize)(const DequantizeProblem&, int64_t begin, int64_t end);
+};
+
+const Kernels& kernels_scalar();
+const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+
+// The best level this CPU runs (MXJAX_SIMD=scalar|avx2|avx512 asks for a lower one).
+const Kernels& kernels();
+
+}  // namespace mxjax::cpu
+
+#endif  // MXJAX_CPU_KERNELS_H_

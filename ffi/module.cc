@@ -1,0 +1,69 @@
+// The nanobind extension mxjax._mxjax_ffi: FFI handler capsules and build facts.
+#include <nanobind/nanobind.h>
+
+#include "cpu/handlers.h"
+#include "cpu/kernels.h"
+#ifdef MXJAX_WITH_CUDA
+#include "cuda/handlers.h"  // MxjaxQuantizeCuda, MxjaxQuantize2xCuda, MxjaxDequantizeCuda
+#endif
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename Fn>
+nb::capsule capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_mxjax_ffi, m) {
+  m.doc() = "mxjax XLA FFI kernels (MX quantize / dequantize).";
+
+  m.def("registrations", []() {
+    nb::dict d;
+    d["mxjax_quantize"] = capsule(MxjaxQuantizeCpu);
+    d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCpu);
+    d["mxjax_dequantize"] = capsule(MxjaxDequantizeCpu);
+    return d;
+  }, "{target name: capsule} of the CPU (platform \"cpu\") handlers.");
+
+  m.def("cuda_registrations", []() {
+    nb::dict d;
+#ifdef MXJAX_WITH_CUDA
+    d["mxjax_quantize"] = capsule(MxjaxQuantizeCuda);
+    d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCuda);
+    d["mxjax_dequantize"] = capsule(MxjaxDequantizeCuda);
+    // [cuda engineer] CUDA-only targets (ffi/cuda/handlers.h).
+    d["mxjax_swizzle_scales"] = capsule(MxjaxSwizzleScalesCuda);
+    d["mxjax_mx_gemm"] = capsule(MxjaxMxGemmCuda);
+#endif
+    return d;
+  }, "{target name: capsule} of the CUDA (platform \"CUDA\") handlers; empty without CUDA.");
+
+  m.def("build_info", []() {
+    nb::dict d;
+    d["cpu"] = true;
+#ifdef MXJAX_WITH_CUDA
+    d["cuda"] = true;
+#else
+    d["cuda"] = false;
+#endif
+    d["simd"] = mxjax::cpu::kernels().simd;
+    nb::list levels;
+    levels.append("scalar");
+#ifdef MXJAX_HAVE_X86_LEVELS
+    levels.append("avx2");
+    levels.append("avx512");
+#endif
+    d["simd_compiled"] = levels;
+#ifdef MXJAX_SANITIZE
+    d["sanitize"] = true;
+#else
+    d["sanitize"] = false;
+#endif
+    d["compiler"] = __VERSION__;
+    return d;
+  }, "Facts about this build: cpu, cuda, simd (level in use), simd_compiled, sanitize.");
+}

@@ -1,0 +1,40 @@
+"""Loads the compiled extension `mxjax._mxjax_ffi` and registers its XLA FFI targets.
+
+Targets (see the team contract): `mxjax_quantize`, `mxjax_quantize_2x`, `mxjax_dequantize`,
+for platform "cpu" and, when built with CUDA, "CUDA" under the same names.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+_MISSING = (
+    "mxjax's compiled extension mxjax._mxjax_ffi could not be imported ({err}). Build and "
+    "install the package from the repository root with `pip install .` (needs a C++17 "
+    "compiler, CMake and nanobind); for development `pip install --no-build-isolation -e .`.")
+
+
+def _extension():
+  try:
+    from mxjax import _mxjax_ffi
+  except ImportError as err:
+    raise ImportError(_MISSING.format(err=err)) from err
+  return _mxjax_ffi
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> None:
+  """Registers every FFI target of the extension with JAX, once per process."""
+  ext = _extension()
+  for name, capsule in ext.registrations().items():
+    jax.ffi.register_ffi_target(name, capsule, platform="cpu", api_version=1)
+  for name, capsule in ext.cuda_registrations().items():
+    jax.ffi.register_ffi_target(name, capsule, platform="CUDA", api_version=1)
+
+
+def build_info() -> dict:
+  """What the extension was built with: {"cpu": bool, "cuda": bool, "simd": level in use
+  ("avx512" / "avx2" / "scalar"), "simd_compiled": [levels], "sanitize": bool, "compiler": str}."""
+  return dict(_extension().build_info())

@@ -1,0 +1,98 @@
+"""The compiled extension: it loads, registers its FFI targets, reports its build, and its
+kernels answer bad attributes and buffers with an error instead of crashing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mxjax import _ffi
+
+TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}
+
+
+def test_extension_loads_and_registers():
+  from mxjax import _mxjax_ffi
+  regs = _mxjax_ffi.registrations()
+  assert set(regs) == TARGETS
+  assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
+  cuda = set(_mxjax_ffi.cuda_registrations())
+  assert not cuda or TARGETS <= cuda  # empty unless built with CUDA
+  _ffi.load()
+  _ffi.load()  # registering twice is a no-op
+
+
+def test_build_info():
+  info = _ffi.build_info()
+  assert info["cpu"] is True
+  assert isinstance(info["cuda"], bool)
+  assert info["simd"] in info["simd_compiled"]
+  assert set(info["simd_compiled"]) <= {"scalar", "avx2", "avx512"}
+  assert isinstance(info["sanitize"], bool)
+
+
+def _quantize_call(x, *, format=0, scale_mode=0, block_size=32, axis=1, data_dtype=None,
+                   nb=None):
+  n = x.shape[-1]
+  nb = -(-n // block_size) if nb is None else nb
+  out = (jax.ShapeDtypeStruct(x.shape, data_dtype or jnp.float8_e4m3fn),
+         jax.ShapeDtypeStruct((x.shape[0], nb), jnp.float8_e8m0fnu))
+  _ffi.load()
+  return jax.jit(lambda x: jax.ffi.ffi_call("mxjax_quantize", out)(
+      x, format=np.int32(format), scale_mode=np.int32(scale_mode),
+      block_size=np.int64(block_size), axis=np.int64(axis)))(x)
+
+
+def test_kernel_runs():
+  from mxjax import reference
+  x = jnp.arange(-64, 64, dtype=jnp.float32).reshape(2, 64).astype(jnp.bfloat16)
+  data, scales = _quantize_call(x)
+  want_data, want_scales = reference.quantize(x, "e4m3")
+  assert data.dtype == jnp.float8_e4m3fn and scales.shape == (2, 2)
+  np.testing.assert_array_equal(np.asarray(data).view(np.uint8), np.asarray(want_data).view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(scales).view(np.uint8),
+                                np.asarray(want_scales).view(np.uint8))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block_size=24, nb=3), "block_size"),
+    (dict(block_size=0, nb=1), "block_size"),
+    (dict(format=9), "format"),
+    (dict(scale_mode=5), "scale_mode"),
+    (dict(axis=3), "axis"),
+    (dict(data_dtype=jnp.uint8), "dtype"),
+    (dict(nb=7), "shape"),
+])
+def test_bad_attributes_raise(kwargs, message):
+  x = jnp.ones((2, 64), jnp.bfloat16)
+  with pytest.raises(Exception, match=message):
+    jax.block_until_ready(_quantize_call(x, **kwargs))
+
+
+def test_bad_input_dtype_raises():
+  x = jnp.ones((2, 64), jnp.int32)
+  with pytest.raises(Exception, match="bf16, f16 or f32"):
+    jax.block_until_ready(_quantize_call(x))
+
+
+def test_dequantize_bad_block_size_raises():
+  _ffi.load()
+  data = jnp.zeros((2, 64), jnp.float8_e4m3fn)
+  scales = jnp.zeros((2, 2), jnp.float8_e8m0fnu)
+  call = jax.ffi.ffi_call("mxjax_dequantize", jax.ShapeDtypeStruct((2, 64), jnp.float32))
+  with pytest.raises(Exception, match="block_size"):
+    jax.block_until_ready(jax.jit(lambda d, s: call(
+        d, s, format=np.int32(0), block_size=np.int64(48), axis=np.int64(1)))(data, scales))
+
+
+def test_quantize_2x_needs_rank_2():
+  _ffi.load()
+  x = jnp.ones((64,), jnp.float32)
+  out = [jax.ShapeDtypeStruct((64,), jnp.float8_e4m3fn),
+         jax.ShapeDtypeStruct((2,), jnp.float8_e8m0fnu)] * 2
+  call = jax.ffi.ffi_call("mxjax_quantize_2x", out)
+  with pytest.raises(Exception, match="rank"):
+    jax.block_until_ready(jax.jit(lambda x: call(
+        x, format=np.int32(0), scale_mode=np.int32(0), block_size=np.int64(32)))(x))
