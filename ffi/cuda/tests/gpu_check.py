@@ -1,0 +1,116 @@
+"""GPU check of the CUDA handlers, for a machine with an NVIDIA GPU and a CUDA jaxlib.
+
+  python ffi/cuda/tests/gpu_check.py
+
+1. mxjax_quantize / _2x / _dequantize on "CUDA" equal the CPU handlers byte for byte (the
+   CPU kernels are checked against the oracle by tests/test_quantize_exact.py), on every
+   bf16 bit pattern and on random data of odd shapes, every format / mode / block / dtype.
+2. mxjax_swizzle_scales equals the 128x4 layout written in numpy.
+3. mxjax_mx_gemm (Blackwell only; elsewhere it must fail with "compute capability"):
+   equals dequantize + f32 matmul up to accumulation order.
+"""
+
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mxjax import _ffi
+from mxjax.quantize import dequantize, quantize, quantize_2x
+
+FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+CPU, GPU = jax.devices("cpu")[0], jax.devices("gpu")[0]
+
+
+def u8(a):
+  return np.asarray(a).view(np.uint8)
+
+
+def same(a, b, what):
+  a, b = u8(a), u8(b)
+  if not np.array_equal(a, b):
+    bad = np.flatnonzero(a.ravel() != b.ravel())
+    sys.exit(f"FAIL {what}: {bad.size} bytes differ, first at {bad[0]}")
+
+
+def inputs(shape, dtype, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal(shape).astype(np.float32) * np.exp2(rng.integers(-30, 30, shape))
+  x.ravel()[rng.integers(0, x.size, max(1, x.size // 50))] = np.inf
+  x.ravel()[rng.integers(0, x.size, max(1, x.size // 50))] = np.nan
+  x.ravel()[rng.integers(0, x.size, max(1, x.size // 20))] = -0.0
+  return jnp.asarray(x, dtype)
+
+
+def check_quantize():
+  every_bf16 = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(jnp.bfloat16).reshape(-1, 64))
+  cases = [(every_bf16, -1), (every_bf16, 0)]
+  for dtype, (shape, axis) in itertools.product(
+      (jnp.bfloat16, jnp.float16, jnp.float32),
+      (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((1,), 0))):
+    cases.append((inputs(shape, dtype, len(cases)), axis))
+  for (x, axis), fmt, mode, block in itertools.product(
+      cases, FORMATS, ("rceil", "floor"), (16, 32, 64)):
+    kw = dict(axis=axis, block_size=block, scale_mode=mode)
+    want = quantize(jax.device_put(x, CPU), fmt, **kw)
+    got = quantize(jax.device_put(x, GPU), fmt, **kw)
+    tag = f"quantize {fmt} {mode} B={block} {x.dtype} {x.shape} axis={axis}"
+    same(got.scales, want.scales, tag + " scales")
+    same(got.data, want.data, tag + " data")
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+      same(dequantize(jax.device_put(want, GPU), dtype), dequantize(want, dtype), tag + " deq")
+    if x.ndim >= 2:
+      got2 = quantize_2x(jax.device_put(x, GPU), fmt, block_size=block, scale_mode=mode)
+      want2 = quantize_2x(jax.device_put(x, CPU), fmt, block_size=block, scale_mode=mode)
+      for g, w, side in zip(got2, want2, ("row", "col")):
+        same(g.scales, w.scales, f"{tag} 2x {side} scales")
+        same(g.data, w.data, f"{tag} 2x {side} data")
+  print("quantize / quantize_2x / dequantize: CUDA == CPU")
+
+
+def swizzle_reference(s):
+  rows, cols = s.shape
+  rp, cp = -(-rows // 128) * 128, -(-cols // 4) * 4
+  padded = np.zeros((rp, cp), np.uint8)
+  padded[:rows, :cols] = s
+  return padded.reshape(rp // 128, 4, 32, cp // 4, 4).transpose(0, 3, 2, 1, 4).ravel()
+
+
+def check_swizzle():
+  _ffi.load()
+  for rows, cols in ((1, 1), (128, 4), (300, 9), (1024, 224)):
+    s = np.random.default_rng(rows).integers(0, 255, (rows, cols), dtype=np.uint8)
+    out = jax.ShapeDtypeStruct((swizzle_reference(s).size,), jnp.uint8)
+    got = jax.ffi.ffi_call("mxjax_swizzle_scales", out)(jax.device_put(s, GPU))
+    same(got, swizzle_reference(s), f"swizzle {rows}x{cols}")
+  print("mxjax_swizzle_scales: matches the 128x4 layout")
+
+
+def check_gemm():
+  _ffi.load()
+  m, n, k = 256, 384, 512
+  rng = np.random.default_rng(0)
+  a = quantize(jax.device_put(rng.standard_normal((m, k), np.float32), GPU), "e4m3")
+  b = quantize(jax.device_put(rng.standard_normal((n, k), np.float32), GPU), "e4m3")
+  call = jax.ffi.ffi_call("mxjax_mx_gemm", jax.ShapeDtypeStruct((m, n), jnp.float32))
+  try:
+    got = np.asarray(call(a.data, a.scales, b.data, b.scales))
+  except Exception as err:  # noqa: BLE001
+    major = int(GPU.compute_capability.split(".")[0])
+    if major < 10 and "compute capability" in str(err):
+      print(f"mxjax_mx_gemm: refused on sm_{GPU.compute_capability} as it should")
+      return
+    raise
+  want = np.asarray(dequantize(a, jnp.float32)) @ np.asarray(dequantize(b, jnp.float32)).T
+  ok = np.isclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+  if not ok.all():
+    sys.exit(f"FAIL mx_gemm: {np.count_nonzero(~ok)} of {ok.size} outputs differ")
+  print("mxjax_mx_gemm: matches dequantize + matmul")
+
+
+if __name__ == "__main__":
+  check_swizzle()
+  check_quantize()
+  check_gemm()
