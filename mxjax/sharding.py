@@ -6,7 +6,8 @@ factor carries the shards of the input, the packed data and the scales alike, so
 device quantizes its own whole blocks. Every other axis passes through unchanged.
 
 A blocked axis that cannot be split into whole blocks per shard (its length is not a
-multiple of the block, or the shards would cut a block) is gathered: the rule marks it
+multiple of the block, the shards would cut a block, or Shardy split a mesh axis into
+sub-axes to shard fewer blocks than the axis has devices) is gathered: the rule marks it
 as needing replication and the partition callback asks for it unsharded. The result is
 always the unsharded result; only the communication differs.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from jax._src import sharding_impls  # to decode shardings that split a mesh axis
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -37,6 +39,7 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
   op = custom_partitioning(call)
   op.def_partition(
       partition=_partition(call, blocked_axes, block_size, dequantize),
+      decode_shardings=False,
       sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, dequantize))
   return op
 
@@ -80,7 +83,7 @@ def _partition(call, blocked_axes, block_size, dequantize):
     results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
     x_info = results[0] if dequantize else arg_shapes[0]
     rank = len(x_info.shape)
-    spec = list(x_info.sharding.spec) + [None] * (rank - len(x_info.sharding.spec))
+    spec = _spec(x_info.sharding, mesh, rank)
     for a in (a % rank for a in blocked_axes):
       shards = _shard_count(mesh, spec[a])
       if x_info.shape[a] % block_size or (x_info.shape[a] // block_size) % shards:
@@ -99,3 +102,14 @@ def _shard_count(mesh, entry) -> int:
     return 1
   names = entry if isinstance(entry, tuple) else (entry,)
   return math.prod(mesh.shape[name] for name in names)
+
+
+def _spec(sharding, mesh, rank) -> list:
+  """The PartitionSpec entries of a propagated sharding; all None (gather) when it splits
+  a mesh axis into sub-axes (Shardy may, when a factor is smaller than the axis), which
+  a PartitionSpec cannot express."""
+  try:
+    spec = sharding_impls.parse_flatten_op_sharding(sharding._hlo_sharding, mesh)[0]
+  except ValueError:
+    return [None] * rank
+  return list(spec) + [None] * (rank - len(spec))

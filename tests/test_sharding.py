@@ -83,6 +83,22 @@ def test_shards_that_cut_blocks_are_gathered_not_wrong(mesh):
   np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
 
 
+def test_fewer_blocks_than_shards_are_gathered_not_an_error():
+  # 2 blocks along axis 0 over 8 devices: Shardy would split the mesh axis into
+  # sub-axes, which a PartitionSpec cannot say; the axis is gathered instead.
+  mesh18 = jax.make_mesh((1, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  x = jax.random.normal(jax.random.key(5), (64, 128), jnp.float32)
+  xs = jax.device_put(x, NamedSharding(mesh18, P("model", None)))
+  got = jax.jit(lambda x: mxjax.quantize(x, "e4m3", axis=0))(xs)
+  expected = mxjax.quantize(x, "e4m3", axis=0)
+  np.testing.assert_array_equal(bits(got.data), bits(expected.data))
+  np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
+  rows, cols = jax.jit(lambda x: mxjax.quantize_2x(x, "e4m3"))(xs)
+  exp_rows, exp_cols = mxjax.quantize_2x(x, "e4m3")
+  np.testing.assert_array_equal(bits(cols.data), bits(exp_cols.data))
+  np.testing.assert_array_equal(bits(rows.scales), bits(exp_rows.scales))
+
+
 def test_sharded_dot_general_matches_single_device(mesh):
   x = jax.random.normal(jax.random.key(3), (64, 256), jnp.float32)
   w = jax.random.normal(jax.random.key(4), (256, 128), jnp.float32)
