@@ -96,3 +96,13 @@ def test_quantize_2x_needs_rank_2():
   with pytest.raises(Exception, match="rank"):
     jax.block_until_ready(jax.jit(lambda x: call(
         x, format=np.int32(0), scale_mode=np.int32(0), block_size=np.int64(32)))(x))
+
+
+def test_backend_info_reports_the_cpu_path():
+  import mxjax
+  info = mxjax.backend_info()
+  assert info["platform"] == "cpu"
+  assert info["build"] == _ffi.build_info()
+  assert info["build"]["simd"] in info["ops"]["quantize"]
+  assert "C++ FFI kernels" in info["ops"]["quantize_2x"]
+  assert "XLA dot" in info["ops"]["dot_general"]
