@@ -34,7 +34,7 @@ from jax import lax
 
 from mxjax import formats
 from mxjax.mxarray import MXArray
-from mxjax.quantize import quantize_2x
+from mxjax.quantize import quantize, quantize_2x
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
@@ -205,14 +205,18 @@ def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
       axis_from_end=axis - 3)
 
 
-def _prepare(x, layout: _Layout, config: _DotConfig, name: str):
-  """(quantized along K, quantized along F or dequantizable stand-in) in canonical form."""
+def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bool):
+  """(quantized along K, quantized along F or dequantizable stand-in) in canonical form;
+  without `for_backward` (inference) only the first is made and the second is None."""
   if isinstance(x, tuple):
     return (_canonical_mx(x[0], layout, "contract", name),
             _canonical_mx(x[1], layout, "free", name))
   if isinstance(x, MXArray):
     along_k = _canonical_mx(x, layout, "contract", name)
     return along_k, along_k  # the backward uses its exact values, never re-quantized
+  if not for_backward:
+    return quantize(layout.to_canonical(x), config.fwd_format, axis=layout.contract_axis,
+                    block_size=config.block_size, scale_mode=config.scale_mode), None
   return quantize_2x(layout.to_canonical(x), config.fwd_format,
                      axes=(layout.contract_axis, layout.free_axis),
                      block_size=config.block_size, scale_mode=config.scale_mode)
@@ -227,12 +231,12 @@ def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _mx_dot(config: _DotConfig, lhs, rhs):
-  return _forward(config, lhs, rhs)[0]
+  return _forward(config, lhs, rhs, for_backward=False)[0]
 
 
-def _forward(config: _DotConfig, lhs, rhs):
-  lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs")
-  rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs")
+def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
+  lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs", for_backward)
+  rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs", for_backward)
   out = _product(lhs_k, rhs_k, (2, 1))  # [B, M, K] . [B, K, N] -> [B, M, N]
   out_shape = config.lhs.sizes(config.lhs.batch + config.lhs.free) + config.rhs.sizes(
       config.rhs.free)
@@ -240,7 +244,7 @@ def _forward(config: _DotConfig, lhs, rhs):
 
 
 def _mx_dot_fwd(config, lhs, rhs):
-  out, saved = _forward(config, lhs, rhs)
+  out, saved = _forward(config, lhs, rhs, for_backward=True)
   return out, (saved, _zero_cotangent(lhs), _zero_cotangent(rhs))
 
 
