@@ -207,3 +207,42 @@ def test_packed_storage_sizes(fmt, bytes_per_element, block_size):
     assert a.scales.shape == (2, math.ceil(n / block_size))
     assert a.shape == (2, n)
     np.testing.assert_array_equal(np.asarray(a.dequantize()), np.ones((2, n), np.float32))
+
+
+def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+  """bf16 [rows, cols] whose 32-blocks mix the kinds a vector path must get right: normal
+  data at block exponents from 2^-140 to 2^120, runs of all the bf16 bit patterns (NaN,
+  Inf, subnormals), zero and signed-zero blocks and subnormal-only blocks; `cols` need not
+  be a multiple of 32. Rows this wide fill the kernels' 16-block SIMD groups."""
+  rng = np.random.default_rng(seed)
+  whole = cols - cols % 32
+  blocks = (rng.standard_normal((rows * whole // 32, 32)) *
+            np.exp2(rng.integers(-140, 120, size=(rows * whole // 32, 1)))).astype(np.float32)
+  bits = blocks.astype(ml_dtypes.bfloat16).view(np.uint16)
+  kind = rng.random(len(bits))
+  patterns = rng.permutation(np.arange(65536, dtype=np.uint16))
+  exhaustive = np.flatnonzero(kind < 0.2)[:2048]
+  bits[exhaustive] = patterns[:32 * len(exhaustive)].reshape(-1, 32)
+  bits[(kind >= 0.2) & (kind < 0.25)] = 0
+  signed_zero = (kind >= 0.25) & (kind < 0.3)
+  bits[signed_zero] = np.where(rng.random((signed_zero.sum(), 32)) < 0.5, 0x8000, 0)
+  tiny = (kind >= 0.3) & (kind < 0.35)
+  bits[tiny] = rng.integers(0, 0x80, (tiny.sum(), 32)) | (rng.integers(0, 2, (tiny.sum(), 32)) << 15)
+  x = bits.reshape(rows, whole).view(ml_dtypes.bfloat16)
+  return np.concatenate([x, x[:, :cols % 32]], axis=1)
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (40, 2087), (33, 544)])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_wide_rows_and_columns_with_mixed_blocks(shape, fmt):
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1]))
+  for mode in SCALE_MODES:
+    got = {-1: quantize(x, fmt, axis=-1, scale_mode=mode),
+           0: quantize(x, fmt, axis=0, scale_mode=mode)}
+    rows, cols = quantize_2x(x, fmt, scale_mode=mode)
+    for axis, a in [*got.items(), (-1, rows), (0, cols)]:
+      data, scales = reference.quantize(x, fmt, axis=axis, scale_mode=mode)
+      np.testing.assert_array_equal(np.asarray(a.data).view(np.uint8),
+                                    np.asarray(data).view(np.uint8))
+      np.testing.assert_array_equal(np.asarray(a.scales).view(np.uint8),
+                                    np.asarray(scales).view(np.uint8))

@@ -3,7 +3,10 @@
 // a namespace of that name, and kernels_<level>() returns the table.
 #include "kernels.h"
 
+#include <type_traits>
+
 #include "mxjax/quantize.h"
+#include "simd512.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -56,8 +59,17 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
-        quantize_row<F, In>(x + row * p.n, p.n, u % nb, b1, block, p.mode,
-                            p.data + row * storage, p.scales + row * nb);
+        int64_t b0 = u % nb;
+#ifdef MXJAX_HAVE_SIMD512
+        if constexpr (std::is_same_v<In, BF16>) {
+          if (block == 32) {
+            b0 = simd512::row_blocks<F>(x + row * p.n, p.n, b0, b1, p.mode,
+                                        p.data + row * storage, p.scales + row * nb);
+          }
+        }
+#endif
+        if (b0 < b1) quantize_row<F, In>(x + row * p.n, p.n, b0, b1, block, p.mode,
+                                        p.data + row * storage, p.scales + row * nb);
         u += b1 - u % nb;
       }
       return;
@@ -65,10 +77,18 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
-      quantize_cols<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
-                           block, p.mode,
-                           p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                           p.scales + (t.o * nb + t.j) * p.inner);
+      const T* xt = x + (t.o * p.n + t.j * p.block) * p.inner;
+      uint8_t* dt = p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner;
+      uint8_t* st = p.scales + (t.o * nb + t.j) * p.inner;
+#ifdef MXJAX_HAVE_SIMD512
+      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
+        if (block == 32) {
+          simd512::quantize_cols_bf16<F>(xt, p.inner, rows, t.c0, t.c1, p.mode, dt, st);
+          continue;
+        }
+      }
+#endif
+      quantize_cols<F, In>(xt, p.inner, rows, t.c0, t.c1, block, p.mode, dt, st);
     }
   });
 }
@@ -88,12 +108,35 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       Tile t = tile_of(u, nbm, p.k);
       int rows = int(min64(p.block, p.m - t.j * p.block));
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
-      quantize_cols<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode,
-                           p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k,
-                           p.col_scales + (t.o * nbm + t.j) * p.k);
+      uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
+      uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
+      bool done = false;
+#ifdef MXJAX_HAVE_SIMD512
+      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
+        if (block == 32) {
+          simd512::quantize_cols_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, cdata,
+                                         cscales);
+          done = true;
+        }
+      }
+#endif
+      if (!done) {
+        quantize_cols<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales);
+      }
       for (int r = 0; r < rows; ++r) {
-        quantize_row<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
-                            p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
+        int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);
+#ifdef MXJAX_HAVE_SIMD512
+        if constexpr (std::is_same_v<In, BF16>) {
+          if (block == 32) {
+            b0 = simd512::row_blocks<F>(x + (r0 + r) * p.k, p.k, b0, b1, p.mode,
+                                        p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
+          }
+        }
+#endif
+        if (b0 < b1) {
+          quantize_row<F, In>(x + (r0 + r) * p.k, p.k, b0, b1, block, p.mode,
+                              p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
+        }
       }
     }
   });

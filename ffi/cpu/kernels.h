@@ -10,7 +10,7 @@ namespace mxjax::cpu {
 enum DType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2 };
 
 // Columns of one work unit along a strided quantized axis (a multiple of every block).
-constexpr int64_t kUnitCols = 256;
+constexpr int64_t kUnitCols = 512;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

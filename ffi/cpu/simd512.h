@@ -1,0 +1,274 @@
+// AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise groups of up to 16 blocks
+// and 32-column strips of a column tile. Host only; included by kernels.cc in the TU built
+// with -mavx512bw. Bit-exact with the templates of quantize.h, which handle everything
+// these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
+//
+// Elements are encoded in 16-bit integer lanes straight from the bf16 bits: x * 2^-e only
+// moves the exponent, so v's exponent is exp(x) - e and its significand is x's (8 bits
+// with the hidden one). The element code is then
+//   eb   = exp(x) - 127 - e + bias          (v's biased exponent in the element format)
+//   code = max(eb - 1, 0) << man + RNE(sig >> (7 - man + max(1 - eb, 0)))
+// which carries a round-up into the exponent as a float add would, and gives the element
+// subnormals for eb < 1; saturation is min(code, max_code). This needs sig to carry the
+// hidden one, i.e. a normal bf16 x, whenever eb >= 1: true unless the scale byte is
+// <= bias, and such blocks (and NaN / Inf blocks) go to the scalar path.
+#ifndef MXJAX_CPU_SIMD512_H_
+#define MXJAX_CPU_SIMD512_H_
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define MXJAX_HAVE_SIMD512 1
+
+#include <immintrin.h>
+
+// GCC 12 warns about the _mm512_undefined_* operands inside its own intrinsics.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <cstdint>
+
+#include "mxjax/quantize.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd512 {
+
+// k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
+constexpr int16_t kZeroBlockK = -256;
+
+// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes; k16 = bias - scale byte per lane.
+template <class F>
+inline __m512i encode32_full(__m512i x, __m512i k16) {
+  constexpr int c = 7 - F::man_bits;
+  const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  const __m512i expx = _mm512_srli_epi16(ax, 7);
+  const __mmask32 normal = _mm512_test_epi16_mask(ax, _mm512_set1_epi16(0x7F80));
+  __m512i sig = _mm512_and_si512(ax, _mm512_set1_epi16(0x7F));
+  sig = _mm512_mask_add_epi16(sig, normal, sig, _mm512_set1_epi16(0x80));
+  const __m512i eb = _mm512_add_epi16(_mm512_max_epi16(expx, _mm512_set1_epi16(1)), k16);
+  __m512i sh = _mm512_max_epi16(_mm512_sub_epi16(_mm512_set1_epi16(c + 1), eb),
+                                _mm512_set1_epi16(c));
+  sh = _mm512_min_epi16(sh, _mm512_set1_epi16(9));
+  const __m512i base = _mm512_slli_epi16(
+      _mm512_max_epi16(_mm512_sub_epi16(eb, _mm512_set1_epi16(1)), _mm512_setzero_si512()),
+      F::man_bits);
+  // RNE(sig >> sh): add 2^(sh-1) - 1 plus the kept lsb, then shift.
+  const __m512i half_m1 =
+      _mm512_srlv_epi16(_mm512_set1_epi16(-1), _mm512_sub_epi16(_mm512_set1_epi16(17), sh));
+  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi16(sig, sh), _mm512_set1_epi16(1));
+  const __m512i r =
+      _mm512_srlv_epi16(_mm512_add_epi16(_mm512_add_epi16(sig, half_m1), odd), sh);
+  __m512i code = _mm512_min_epu16(_mm512_add_epi16(base, r),
+                                  _mm512_set1_epi16(int16_t(F::max_code)));
+  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
+  // code | (sign & signbit)
+  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
+                                   0xF8);
+}
+
+// encode32_full, with a shortcut for vectors whose nonzero lanes all land in the element's
+// normal range (eb >= 1): there v's bits in a bf16-like layout whose exponent field is eb
+// are m = |x| + (k << 7) (eb <= 253 and eb >= -253, so m fits an int16 and eb >= 1 iff
+// m >= 128), and code = RNE(m >> (7 - man)) carries into the exponent by itself.
+template <class F>
+inline __m512i encode32(__m512i x, __m512i k16) {
+  constexpr int c = 7 - F::man_bits;
+  const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  if constexpr (F::bits != 8) return encode32_full<F>(x, k16);  // often has subnormals
+  const __m512i m = _mm512_add_epi16(ax, _mm512_slli_epi16(k16, 7));
+  const __mmask32 normal = _mm512_cmpge_epi16_mask(m, _mm512_set1_epi16(128));
+  if (__builtin_expect((~normal & _mm512_test_epi16_mask(ax, ax)) != 0, 0)) {
+    return encode32_full<F>(x, k16);
+  }
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(m, c), _mm512_set1_epi16(1));
+  const __m512i r = _mm512_srli_epi16(
+      _mm512_add_epi16(_mm512_add_epi16(m, _mm512_set1_epi16((1 << (c - 1)) - 1)), odd), c);
+  const __m512i code = _mm512_maskz_min_epu16(normal, r, _mm512_set1_epi16(int16_t(F::max_code)));
+  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
+  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
+                                   0xF8);
+}
+
+// Scale bytes of 16 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
+// lanes; *k gets bias - byte (kZeroBlockK for zero blocks); *slow marks the blocks that the
+// scalar path must do (NaN / Inf, or nonzero with byte <= bias).
+template <class F>
+inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
+  const __m512i exp = _mm512_srli_epi32(a, 23);
+  __m512i e = _mm512_sub_epi32(exp, _mm512_set1_epi32(127 + F::emax));
+  if (mode == kRceil) {
+    __m512i norm = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)),
+                                   _mm512_set1_epi32(0x800000));
+    __mmask16 up = _mm512_cmpgt_epu32_mask(norm, _mm512_set1_epi32(int32_t(F::max_sig)));
+    e = _mm512_mask_add_epi32(e, up, e, _mm512_set1_epi32(1));
+  }
+  e = _mm512_min_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(a, _mm512_setzero_si512());
+  __m512i byte = _mm512_maskz_add_epi32(~zero, e, _mm512_set1_epi32(127));
+  const __mmask16 nan = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(int32_t(kF32Inf)));
+  byte = _mm512_mask_mov_epi32(byte, nan, _mm512_set1_epi32(0xFF));
+  const __mmask16 tiny = _mm512_cmple_epi32_mask(byte, _mm512_set1_epi32(F::bias)) |
+                         _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
+  *slow = nan | (tiny & ~zero);
+  *k = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_set1_epi32(F::bias), byte), zero,
+                             _mm512_set1_epi32(kZeroBlockK));
+  return byte;
+}
+
+// Stores the 32 codes of one block (u16 lanes) in F's packed storage.
+template <class F>
+inline void store_block(__m512i codes, uint8_t* out) {
+  if constexpr (F::bits == 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi16_epi8(codes));
+  } else if constexpr (F::bits == 4) {
+    // u32 lane = c0 | c1 << 16 -> byte c0 | c1 << 4
+    __m512i b = _mm512_or_si512(codes, _mm512_srli_epi32(codes, 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(b));
+  } else {
+    // u64 lane = c0 | c1 << 16 | c2 << 32 | c3 << 48 -> 24 bits c0 | c1 << 6 | c2 << 12 | c3 << 18
+    const __m512i m = _mm512_set1_epi64(0x3F);
+    __m512i w = _mm512_and_si512(codes, m);
+    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 10), _mm512_slli_epi64(m, 6)));
+    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 20), _mm512_slli_epi64(m, 12)));
+    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 30), _mm512_slli_epi64(m, 18)));
+    alignas(64) uint64_t g[8];
+    _mm512_store_si512(reinterpret_cast<__m512i*>(g), w);
+    for (int i = 0; i < 8; ++i) {
+      out[3 * i] = uint8_t(g[i]);
+      out[3 * i + 1] = uint8_t(g[i] >> 8);
+      out[3 * i + 2] = uint8_t(g[i] >> 16);
+    }
+  }
+}
+
+// Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b.
+inline __m512i amax16(const uint16_t* x, int nblk) {
+  const __m512i abs = _mm512_set1_epi16(0x7FFF);
+  __m512i a[16];
+  for (int i = 0; i < 16; ++i) {
+    a[i] = i < nblk ? _mm512_and_si512(_mm512_loadu_si512(x + 32 * i), abs)
+                    : _mm512_setzero_si512();
+  }
+  __m512i b[8], c4[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(a[2 * i], a[2 * i + 1], 0x44),
+                            _mm512_shuffle_i64x2(a[2 * i], a[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // quarter q of c4[i] = block 4i + q
+    c4[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_i64x2(b[2 * i], b[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {  // dwords of quarter q: [q, q, 4 + q, 4 + q] (+ 8i)
+    d[i] = _mm512_max_epu16(_mm512_unpacklo_epi64(c4[2 * i], c4[2 * i + 1]),
+                            _mm512_unpackhi_epi64(c4[2 * i], c4[2 * i + 1]));
+  }
+  __m512 d0 = _mm512_castsi512_ps(d[0]), d1 = _mm512_castsi512_ps(d[1]);
+  __m512i e = _mm512_max_epu16(_mm512_castps_si512(_mm512_shuffle_ps(d0, d1, 0x88)),
+                               _mm512_castps_si512(_mm512_shuffle_ps(d0, d1, 0xDD)));
+  // dword 4q + j holds block 4j + q (two u16 partials)
+  e = _mm512_max_epu16(e, _mm512_srli_epi32(e, 16));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  e = _mm512_permutexvar_epi32(idx, e);
+  return _mm512_slli_epi32(e, 16);
+}
+
+// Blocks [0, nblk) (nblk <= 16, all full) of 32 contiguous bf16 each.
+template <class F>
+inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  __m512i k;
+  __mmask16 slow;
+  __m512i byte = scales16<F>(amax16(x, nblk), mode, &k, &slow);
+  const __mmask16 live = __mmask16((1u << nblk) - 1);
+  _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
+  alignas(64) int32_t kk[16];
+  _mm512_store_si512(reinterpret_cast<__m512i*>(kk), k);
+  constexpr int64_t bs = block_storage<F>(32);
+  for (int i = 0; i < nblk; ++i) {
+    if ((slow >> i) & 1) {
+      uint8_t codes[32];
+      scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
+      if constexpr (F::bits == 8) {
+        for (int j = 0; j < 32; ++j) data[bs * i + j] = codes[j];
+      } else {
+        for (int g = 0; g < 32 / F::group_codes; ++g) {
+          pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
+        }
+      }
+      continue;
+    }
+    __m512i codes = encode32<F>(_mm512_loadu_si512(x + 32 * i), _mm512_set1_epi16(int16_t(kk[i])));
+    store_block<F>(codes, data + bs * i);
+  }
+}
+
+// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 16; returns the
+// first block not done (the caller finishes [that, b1) with quantize_row).
+template <class F>
+inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
+                          uint8_t* data, uint8_t* scales) {
+  const int64_t full = n / 32;
+  const int64_t end = b1 < full ? b1 : full;
+  constexpr int64_t bs = block_storage<F>(32);
+  int64_t b = b0;
+  for (; b < end; b += 16) {
+    int nblk = int(end - b < 16 ? end - b : 16);
+    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+  }
+  (void)b;
+  return b0 > end ? b0 : end;
+}
+
+// Columnwise strip: `rows` (<= 32) rows `ld` apart, 32 columns at x; FP8 only. Returns
+// false (having written nothing) when a block needs the scalar path.
+template <class F>
+inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  const __m512i abs = _mm512_set1_epi16(0x7FFF);
+  __m512i m = _mm512_setzero_si512();
+  for (int r = 0; r < rows; ++r) {
+    m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(x + r * ld), abs));
+  }
+  __m512i klo, khi;
+  __mmask16 slo, shi;
+  __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(m)), 16);
+  __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(m, 1)), 16);
+  __m512i blo = scales16<F>(lo, mode, &klo, &slo);
+  __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
+  if (slo | shi) return false;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(blo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + 16), _mm512_cvtepi32_epi8(bhi));
+  const __m512i k16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
+                                         _mm512_cvtepi32_epi16(khi), 1);
+  for (int r = 0; r < rows; ++r) {
+    __m512i codes = encode32<F>(_mm512_loadu_si512(x + r * ld), k16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + r * ld), _mm512_cvtepi16_epi8(codes));
+  }
+  return true;
+}
+
+// quantize_cols for bf16 / block 32 / FP8: 32-column strips here, the rest generic.
+template <class F>
+inline void quantize_cols_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1,
+                               int32_t mode, uint8_t* data, uint8_t* scales) {
+  int64_t c = c0;
+  for (; c + 32 <= c1; c += 32) {
+    if (!col_strip<F>(x + c, ld, rows, mode, data + c, scales + c)) {
+      quantize_cols<F, BF16>(x, ld, rows, c, c + 32, 32, mode, data, scales);
+    }
+  }
+  if (c < c1) quantize_cols<F, BF16>(x, ld, rows, c, c1, 32, mode, data, scales);
+}
+
+}  // namespace simd512
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // __AVX512F__ && __AVX512BW__
+#endif  // MXJAX_CPU_SIMD512_H_
