@@ -188,11 +188,34 @@ MXJAX_HD uint32_t dequantize_element(uint32_t code, float scale) {
   return (d & kF32Abs) > kF32Inf ? d : p;
 }
 
+// f32 bits of decode(code) for every code of F, built once (host code): the CPU
+// dequantize loops look codes up instead of decoding each one.
+template <class F>
+struct DecodeTable {
+  uint32_t bits[1u << F::bits];
+  DecodeTable() {
+    for (uint32_t c = 0; c < (1u << F::bits); ++c) bits[c] = decode_element<F>(c);
+  }
+};
+
+template <class F>
+const uint32_t* decode_table() {
+  static const DecodeTable<F> table;
+  return table.bits;
+}
+
+// decode(code) * 2^e from the table: the same bits as dequantize_element.
+MXJAX_HD uint32_t scale_decoded(uint32_t d, float scale) {
+  uint32_t p = as_bits(as_float(d) * scale);
+  return (d & kF32Abs) > kF32Inf ? d : p;
+}
+
 // Dequantizes blocks [b0, b1) of one row of n outputs (layout as in quantize_row).
 template <class F, class Out>
 void dequantize_row(const uint8_t* data, const uint8_t* scales, int64_t n, int64_t b0,
                     int64_t b1, int block, typename Out::T* out) {
   using T = typename Out::T;
+  const uint32_t* decoded = decode_table<F>();
   for (int64_t b = b0; b < b1; ++b) {
     int64_t start = b * block;
     int valid = int(min64(block, n - start));
@@ -212,7 +235,7 @@ void dequantize_row(const uint8_t* data, const uint8_t* scales, int64_t n, int64
       for (int i = 0; i < valid; ++i) dst[i] = Out::narrow(kF32QNaN);
     } else {
       float scale = as_float(scale_bits(s));
-      for (int i = 0; i < valid; ++i) dst[i] = Out::narrow(dequantize_element<F>(src[i], scale));
+      for (int i = 0; i < valid; ++i) dst[i] = Out::narrow(scale_decoded(decoded[src[i]], scale));
     }
     if (dst == buf) {
       for (int i = 0; i < valid; ++i) out[start + i] = buf[i];
@@ -225,6 +248,7 @@ template <class F, class Out>
 void dequantize_cols(const uint8_t* data, const uint8_t* scales, int64_t ld, int rows,
                      int64_t c0, int64_t c1, typename Out::T* out) {
   constexpr int W = kTileCols;
+  const uint32_t* decoded = decode_table<F>();
   for (int64_t cb = c0; cb < c1; cb += W) {
     const int w = int(min64(W, c1 - cb));
     float scale[W];
@@ -251,7 +275,7 @@ void dequantize_cols(const uint8_t* data, const uint8_t* scales, int64_t ld, int
     for (int r = 0; r < rows; ++r) {
       typename Out::T* o = out + r * ld + cb;
       for (int c = 0; c < w; ++c) {
-        uint32_t v = dequantize_element<F>(src[r * sld + c], scale[c]);
+        uint32_t v = scale_decoded(decoded[src[r * sld + c]], scale[c]);
         o[c] = Out::narrow(nan[c] ? kF32QNaN : v);
       }
     }
