@@ -1,0 +1,25 @@
+"""The CUDA kernels' per-thread code, run on the host by ffi/cuda/tests/host_check.cu and
+compared byte for byte with the CPU kernels (every format, dtype, block size and scale
+mode, odd shapes with Inf / NaN / -0 / subnormals; and the 128x4 scale swizzle). Needs
+nvcc, not a GPU; CI has nvcc. The GPU itself is checked by ffi/cuda/tests/gpu_check.py."""
+
+import pathlib
+import shutil
+import subprocess
+
+import jax
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_cuda_kernel_bodies_equal_cpu_kernels_on_the_host(tmp_path):
+  exe = tmp_path / "host_check"
+  subprocess.run([NVCC, "-std=c++17", "-O2", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'ffi/include'}",
+                  "-isystem", jax.ffi.include_dir(), str(ROOT / "ffi/cuda/tests/host_check.cu"),
+                  "-o", str(exe)], check=True, capture_output=True, text=True)
+  run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+  assert "all passed" in run.stdout
