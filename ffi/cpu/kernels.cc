@@ -25,13 +25,7 @@ void dispatch(int32_t format, int32_t dtype, Fn&& fn) {
       default: return fn(f, F32{});
     }
   };
-  switch (format) {
-    case kE4M3: return with_dtype(E4M3{});
-    case kE5M2: return with_dtype(E5M2{});
-    case kE3M2: return with_dtype(E3M2{});
-    case kE2M3: return with_dtype(E2M3{});
-    default: return with_dtype(E2M1{});
-  }
+  return with_format(format, with_dtype);
 }
 
 // A tile of a strided axis: outer index o, block row j, columns [c0, c1).

@@ -45,13 +45,7 @@ void dispatch(int32_t format, ffi::DataType dtype, Fn&& fn) {
       default: return fn(f, F32{});
     }
   };
-  switch (format) {
-    case kE4M3: return with_dtype(E4M3{});
-    case kE5M2: return with_dtype(E5M2{});
-    case kE3M2: return with_dtype(E3M2{});
-    case kE2M3: return with_dtype(E2M3{});
-    default: return with_dtype(E2M1{});
-  }
+  return with_format(format, with_dtype);
 }
 
 // Storage bytes of `codes` consecutive codes along the quantized axis (codes a multiple of

@@ -99,6 +99,18 @@ using E3M2 = Format<kE3M2, 3, 2, 3, 0x1F, false>;
 using E2M3 = Format<kE2M3, 2, 3, 1, 0x1F, false>;
 using E2M1 = Format<kE2M1, 2, 1, 1, 0x07, false>;
 
+// Calls fn(F{}) with the format type of a FormatId (host code: the backends' dispatch).
+template <class Fn>
+decltype(auto) with_format(int32_t format, Fn&& fn) {
+  switch (format) {
+    case kE4M3: return fn(E4M3{});
+    case kE5M2: return fn(E5M2{});
+    case kE3M2: return fn(E3M2{});
+    case kE2M3: return fn(E2M3{});
+    default: return fn(E2M1{});
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // E8M0 shared exponent
 
