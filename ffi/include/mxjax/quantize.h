@@ -180,12 +180,16 @@ void quantize_cols(const typename In::T* x, int64_t ld, int rows, int64_t c0, in
   }
 }
 
+// A decoded element (f32 bits `d`) times 2^e, rounded once to f32; NaN stays NaN.
+MXJAX_HD uint32_t scale_decoded(uint32_t d, float scale) {
+  uint32_t p = as_bits(as_float(d) * scale);
+  return (d & kF32Abs) > kF32Inf ? d : p;
+}
+
 // decode(code) * 2^e rounded once to f32 (bits); NaN codes stay NaN.
 template <class F>
 MXJAX_HD uint32_t dequantize_element(uint32_t code, float scale) {
-  uint32_t d = decode_element<F>(code);
-  uint32_t p = as_bits(as_float(d) * scale);
-  return (d & kF32Abs) > kF32Inf ? d : p;
+  return scale_decoded(decode_element<F>(code), scale);
 }
 
 // f32 bits of decode(code) for every code of F, built once (host code): the CPU
@@ -202,12 +206,6 @@ template <class F>
 const uint32_t* decode_table() {
   static const DecodeTable<F> table;
   return table.bits;
-}
-
-// decode(code) * 2^e from the table: the same bits as dequantize_element.
-MXJAX_HD uint32_t scale_decoded(uint32_t d, float scale) {
-  uint32_t p = as_bits(as_float(d) * scale);
-  return (d & kF32Abs) > kF32Inf ? d : p;
 }
 
 // Dequantizes blocks [b0, b1) of one row of n outputs (layout as in quantize_row).
