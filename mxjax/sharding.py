@@ -89,10 +89,9 @@ def _partition(call, blocked_axes, block_size, dequantize):
       if x_info.shape[a] % block_size or (x_info.shape[a] // block_size) % shards:
         spec[a] = None  # gather this axis: shards would not hold whole blocks
     sharding = NamedSharding(mesh, PartitionSpec(*spec))
-    data_and_scales = (sharding,) * (len(results) if not dequantize else len(arg_shapes))
-    if dequantize:
-      return mesh, call, sharding, data_and_scales
-    return mesh, call, data_and_scales, (sharding,)
+    if dequantize:  # (data, scales) -> x
+      return mesh, call, sharding, (sharding,) * len(arg_shapes)
+    return mesh, call, (sharding,) * len(results), (sharding,)
 
   return partition
 
