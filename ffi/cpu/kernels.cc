@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "mxjax/quantize.h"
+#include "simd256.h"
 #include "simd512.h"
 
 namespace mxjax {
@@ -40,6 +41,40 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
   return {oj / nb, oj % nb, cc * kUnitCols, min64(inner, (cc + 1) * kUnitCols)};
 }
 
+#if defined(MXJAX_HAVE_SIMD512)
+#define MXJAX_HAVE_SIMD_ROWS 1
+namespace simd = simd512;
+#elif defined(MXJAX_HAVE_SIMD256)
+#define MXJAX_HAVE_SIMD_ROWS 1
+namespace simd = simd256;
+#endif
+
+// Rowwise blocks [b0, b1) of one contiguous row of n inputs (as quantize_row): the SIMD
+// level's bf16 / block-32 path where there is one, quantize_row for the rest.
+template <class F, class In>
+void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int block,
+              int32_t mode, uint8_t* data, uint8_t* scales) {
+#ifdef MXJAX_HAVE_SIMD_ROWS
+  if constexpr (std::is_same_v<In, BF16>) {
+    if (block == 32) b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales);
+  }
+#endif
+  if (b0 < b1) quantize_row<F, In>(x, n, b0, b1, block, mode, data, scales);
+}
+
+// One column tile (as quantize_cols): the SIMD level's bf16 / block-32 / FP8 strips where
+// there are some, quantize_cols otherwise.
+template <class F, class In>
+void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
+              int32_t mode, uint8_t* data, uint8_t* scales) {
+#ifdef MXJAX_HAVE_SIMD_ROWS
+  if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
+    if (block == 32) return simd::quantize_cols_bf16<F>(x, ld, rows, c0, c1, mode, data, scales);
+  }
+#endif
+  quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
+}
+
 void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
   dispatch(p.format, p.dtype, [&](auto f, auto in) {
     using F = decltype(f);
@@ -53,17 +88,8 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
-        int64_t b0 = u % nb;
-#ifdef MXJAX_HAVE_SIMD512
-        if constexpr (std::is_same_v<In, BF16>) {
-          if (block == 32) {
-            b0 = simd512::row_blocks<F>(x + row * p.n, p.n, b0, b1, p.mode,
-                                        p.data + row * storage, p.scales + row * nb);
-          }
-        }
-#endif
-        if (b0 < b1) quantize_row<F, In>(x + row * p.n, p.n, b0, b1, block, p.mode,
-                                        p.data + row * storage, p.scales + row * nb);
+        row_span<F, In>(x + row * p.n, p.n, u % nb, b1, block, p.mode, p.data + row * storage,
+                        p.scales + row * nb);
         u += b1 - u % nb;
       }
       return;
@@ -71,18 +97,10 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
-      const T* xt = x + (t.o * p.n + t.j * p.block) * p.inner;
-      uint8_t* dt = p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner;
-      uint8_t* st = p.scales + (t.o * nb + t.j) * p.inner;
-#ifdef MXJAX_HAVE_SIMD512
-      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
-        if (block == 32) {
-          simd512::quantize_cols_bf16<F>(xt, p.inner, rows, t.c0, t.c1, p.mode, dt, st);
-          continue;
-        }
-      }
-#endif
-      quantize_cols<F, In>(xt, p.inner, rows, t.c0, t.c1, block, p.mode, dt, st);
+      col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
+                      block, p.mode,
+                      p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
+                      p.scales + (t.o * nb + t.j) * p.inner);
     }
   });
 }
@@ -102,35 +120,12 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       Tile t = tile_of(u, nbm, p.k);
       int rows = int(min64(p.block, p.m - t.j * p.block));
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
-      uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
-      uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
-      bool done = false;
-#ifdef MXJAX_HAVE_SIMD512
-      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
-        if (block == 32) {
-          simd512::quantize_cols_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, cdata,
-                                         cscales);
-          done = true;
-        }
-      }
-#endif
-      if (!done) {
-        quantize_cols<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales);
-      }
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode,
+                      p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k,
+                      p.col_scales + (t.o * nbm + t.j) * p.k);
       for (int r = 0; r < rows; ++r) {
-        int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);
-#ifdef MXJAX_HAVE_SIMD512
-        if constexpr (std::is_same_v<In, BF16>) {
-          if (block == 32) {
-            b0 = simd512::row_blocks<F>(x + (r0 + r) * p.k, p.k, b0, b1, p.mode,
-                                        p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
-          }
-        }
-#endif
-        if (b0 < b1) {
-          quantize_row<F, In>(x + (r0 + r) * p.k, p.k, b0, b1, block, p.mode,
-                              p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
-        }
+        row_span<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
+                        p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
       }
     }
   });

@@ -1,0 +1,43 @@
+"""The CPU memory roofline: copy bandwidth on every core, measured in the caller's run.
+
+XLA's CPU elementwise ops run on one thread, so they are no bandwidth reference for the
+kernels, which use XLA's whole thread pool. `copy_bandwidth` copies a buffer with numpy
+(memcpy, GIL released) from one thread per core and counts bytes read + bytes written.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5, threads: int | None = None) -> float:
+  """Best bytes/s (read + written) of a parallel `nbytes` memcpy over `reps` runs."""
+  threads = threads or os.cpu_count() or 1
+  src = np.ones(nbytes, np.uint8)
+  dst = np.zeros_like(src)  # written once below, so its pages are faulted in
+  bounds = [nbytes * i // threads // 64 * 64 for i in range(threads)] + [nbytes]
+  pieces = [(src[a:b], dst[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+  def copy_all():
+    workers = [threading.Thread(target=np.copyto, args=(d, s)) for s, d in pieces]
+    for w in workers:
+      w.start()
+    for w in workers:
+      w.join()
+
+  copy_all()
+  best = float("inf")
+  for _ in range(reps):
+    start = time.perf_counter()
+    copy_all()
+    best = min(best, time.perf_counter() - start)
+  return 2 * nbytes / best
+
+
+def quantize_bytes(n: int, k: int, bits: int, block: int = 32, in_bytes: int = 2) -> int:
+  """Bytes a rowwise quantize of n elements (rows of k) moves: input, codes and scales."""
+  return n * in_bytes + n // k * (-(-k * bits // 8)) + n // block

@@ -1,0 +1,273 @@
+// AVX2 fast paths for bf16 inputs, block 32: rowwise groups of up to 8 blocks (every
+// format) and 16-column strips of a column tile (FP8). Host only; included by kernels.cc in
+// the TU built with -mavx2 (the AVX-512 TU uses simd512.h instead). Bit-exact with the
+// templates of quantize.h, which handle what these do not (other dtypes / blocks, NaN / Inf
+// blocks, blocks with tiny scales); the encoding in 16-bit integer lanes is simd512.h's
+// (see there), with AVX2's missing variable 16-bit shift done as a high multiply by
+// 2^(16 - sh), the power looked up with a byte shuffle.
+#ifndef MXJAX_CPU_SIMD256_H_
+#define MXJAX_CPU_SIMD256_H_
+
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+#define MXJAX_HAVE_SIMD256 1
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "mxjax/quantize.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd256 {
+
+// k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
+constexpr int16_t kZeroBlockK = -256;
+
+inline __m256i set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
+inline __m256i set32(int32_t v) { return _mm256_set1_epi32(v); }
+
+// A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
+inline __m256i byte_table(const uint8_t (&t)[16]) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+
+// 16 bf16 (bits) -> 16 magnitude|sign codes in u16 lanes; k16 = bias - scale byte per lane.
+template <class F>
+inline __m256i encode16_full(__m256i x, __m256i k16) {
+  constexpr int c = 7 - F::man_bits;  // the shift sh below lies in [c, 9], c >= 4
+  static constexpr uint8_t kPowLo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80};
+  static constexpr uint8_t kPowHi[16] = {0, 0, 0, 0, 0x10, 0x08, 0x04, 0x02, 0x01, 0};
+  static constexpr uint8_t kHalfM1[16] = {0, 0, 1, 3, 7, 15, 31, 63, 127, 255};
+  const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
+  const __m256i expx = _mm256_srli_epi16(ax, 7);
+  const __m256i subnormal = _mm256_cmpeq_epi16(_mm256_and_si256(ax, set16(0x7F80)),
+                                               _mm256_setzero_si256());
+  const __m256i sig = _mm256_or_si256(_mm256_and_si256(ax, set16(0x7F)),
+                                      _mm256_andnot_si256(subnormal, set16(0x80)));
+  const __m256i eb = _mm256_add_epi16(_mm256_max_epi16(expx, set16(1)), k16);
+  __m256i sh = _mm256_max_epi16(_mm256_sub_epi16(set16(c + 1), eb), set16(c));
+  sh = _mm256_min_epi16(sh, set16(9));
+  // v >> sh == mulhi(v, 2^(16 - sh)) for v < 2^16; sh < 16 sits in each lane's low byte.
+  const __m256i pow = _mm256_or_si256(
+      _mm256_shuffle_epi8(byte_table(kPowLo), sh),
+      _mm256_slli_epi16(_mm256_shuffle_epi8(byte_table(kPowHi), sh), 8));
+  const __m256i half_m1 = _mm256_shuffle_epi8(byte_table(kHalfM1), sh);
+  const __m256i base = _mm256_slli_epi16(
+      _mm256_max_epi16(_mm256_sub_epi16(eb, set16(1)), _mm256_setzero_si256()), F::man_bits);
+  const __m256i odd = _mm256_and_si256(_mm256_mulhi_epu16(sig, pow), set16(1));
+  const __m256i r = _mm256_mulhi_epu16(_mm256_add_epi16(_mm256_add_epi16(sig, half_m1), odd), pow);
+  const __m256i code = _mm256_min_epu16(_mm256_add_epi16(base, r), set16(F::max_code));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
+                                        set16(1 << (F::bits - 1)));
+  return _mm256_or_si256(code, sign);
+}
+
+// encode16_full, with simd512::encode32's shortcut for vectors whose nonzero lanes all land
+// in the element's normal range (FP8 only: FP6 / FP4 blocks usually have subnormals).
+template <class F>
+inline __m256i encode16(__m256i x, __m256i k16) {
+  if constexpr (F::bits != 8) {
+    return encode16_full<F>(x, k16);
+  } else {
+    constexpr int c = 7 - F::man_bits;
+    const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
+    const __m256i m = _mm256_add_epi16(ax, _mm256_slli_epi16(k16, 7));
+    const __m256i normal = _mm256_cmpgt_epi16(m, set16(127));
+    const __m256i zero = _mm256_cmpeq_epi16(ax, _mm256_setzero_si256());
+    if (__builtin_expect(!_mm256_testc_si256(_mm256_or_si256(normal, zero), set16(-1)), 0)) {
+      return encode16_full<F>(x, k16);
+    }
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(m, c), set16(1));
+    const __m256i r = _mm256_srli_epi16(
+        _mm256_add_epi16(_mm256_add_epi16(m, set16((1 << (c - 1)) - 1)), odd), c);
+    const __m256i code = _mm256_and_si256(_mm256_min_epu16(r, set16(F::max_code)), normal);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
+                                          set16(1 << (F::bits - 1)));
+    return _mm256_or_si256(code, sign);
+  }
+}
+
+// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
+// lanes; *k gets bias - byte (kZeroBlockK for zero blocks); returns in *slow a bit per
+// block that the scalar path must do (NaN / Inf, or nonzero with byte <= bias).
+template <class F>
+inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
+  const __m256i exp = _mm256_srli_epi32(a, 23);
+  __m256i e = _mm256_sub_epi32(exp, set32(127 + F::emax));
+  if (mode == kRceil) {
+    const __m256i norm = _mm256_or_si256(_mm256_and_si256(a, set32(0x7FFFFF)), set32(0x800000));
+    e = _mm256_sub_epi32(e, _mm256_cmpgt_epi32(norm, set32(int32_t(F::max_sig))));  // +1
+  }
+  e = _mm256_min_epi32(_mm256_max_epi32(e, set32(-127)), set32(127));
+  const __m256i zero = _mm256_cmpeq_epi32(a, _mm256_setzero_si256());
+  const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
+  __m256i byte = _mm256_andnot_si256(zero, _mm256_add_epi32(e, set32(127)));
+  byte = _mm256_or_si256(byte, _mm256_and_si256(nan, set32(0xFF)));
+  const __m256i tiny = _mm256_or_si256(_mm256_cmpgt_epi32(set32(F::bias + 1), byte),
+                                       _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
+  *slow = _mm256_movemask_ps(_mm256_castsi256_ps(
+      _mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
+  *k = _mm256_blendv_epi8(_mm256_sub_epi32(set32(F::bias), byte), set32(kZeroBlockK), zero);
+  return byte;
+}
+
+// Two vectors of 16 u16 codes (code i of the pair in lane i) -> 32 code bytes in order.
+inline __m256i code_bytes(__m256i lo, __m256i hi) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8);
+}
+
+// Stores the 32 codes of one block (bytes, in order) in F's packed storage.
+template <class F>
+inline void store_block(__m256i codes, uint8_t* out) {
+  if constexpr (F::bits == 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), codes);
+  } else if constexpr (F::bits == 4) {
+    // u16 lane = c0 | c1 << 8 -> byte c0 | c1 << 4
+    __m256i t = _mm256_and_si256(_mm256_or_si256(codes, _mm256_srli_epi16(codes, 4)), set16(0xFF));
+    t = _mm256_permute4x64_epi64(_mm256_packus_epi16(t, t), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(t));
+  } else {
+    // u32 lane = c0 | c1 << 8 | c2 << 16 | c3 << 24 -> 24 bits c0 | c1 << 6 | c2 << 12 | c3 << 18
+    const __m256i m = set32(0x3F);
+    __m256i w = _mm256_and_si256(codes, m);
+    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 2), _mm256_slli_epi32(m, 6)));
+    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 4), _mm256_slli_epi32(m, 12)));
+    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 6), _mm256_slli_epi32(m, 18)));
+    const __m256i pick = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+                                          0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    w = _mm256_shuffle_epi8(w, pick);  // 12 bytes per 128-bit lane
+    const __m128i hi = _mm256_extracti128_si256(w, 1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(w));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), hi);  // overwrites bytes 12..15
+    const int32_t tail = _mm_extract_epi32(hi, 2);
+    std::memcpy(out + 20, &tail, 4);
+  }
+}
+
+// Per-block max of |x| for nblk (<= 8) blocks of 32 bf16 at x: f32 bits, u32 lane b.
+inline __m256i amax8(const uint16_t* x, int nblk) {
+  const __m256i abs = set16(0x7FFF);
+  __m256i a[8];
+  for (int i = 0; i < 8; ++i) {
+    if (i < nblk) {
+      const __m256i* p = reinterpret_cast<const __m256i*>(x + 32 * i);
+      a[i] = _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256(p), abs),
+                              _mm256_and_si256(_mm256_loadu_si256(p + 1), abs));
+    } else {
+      a[i] = _mm256_setzero_si256();
+    }
+  }
+  __m256i b[4], c[2];
+  for (int i = 0; i < 4; ++i) {  // 128-bit lane h of b[i] = block 2i + h
+    b[i] = _mm256_max_epu16(_mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x20),
+                            _mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {  // lane h of c[i]: qwords [block 4i + h, block 4i + 2 + h]
+    c[i] = _mm256_max_epu16(_mm256_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
+                            _mm256_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+  }
+  const __m256 c0 = _mm256_castsi256_ps(c[0]), c1 = _mm256_castsi256_ps(c[1]);
+  // lane h, dword j: block 2j + h (two u16 partials)
+  __m256i d = _mm256_max_epu16(_mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0x88)),
+                               _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0xDD)));
+  d = _mm256_max_epu16(d, _mm256_srli_epi32(d, 16));
+  d = _mm256_permutevar8x32_epi32(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_slli_epi32(d, 16);
+}
+
+// Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each.
+template <class F>
+inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  __m256i k;
+  int slow;
+  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
+  alignas(32) int32_t bytes[8], kk[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(kk), k);
+  constexpr int64_t bs = block_storage<F>(32);
+  for (int i = 0; i < nblk; ++i) {
+    if ((slow >> i) & 1) {
+      uint8_t codes[32];
+      scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
+      for (int g = 0; g < 32 / F::group_codes; ++g) {
+        pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
+      }
+      continue;
+    }
+    scales[i] = uint8_t(bytes[i]);
+    const __m256i k16 = set16(kk[i]);
+    const __m256i* p = reinterpret_cast<const __m256i*>(x + 32 * i);
+    const __m256i lo = encode16<F>(_mm256_loadu_si256(p), k16);
+    const __m256i hi = encode16<F>(_mm256_loadu_si256(p + 1), k16);
+    store_block<F>(code_bytes(lo, hi), data + bs * i);
+  }
+}
+
+// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 8; returns the
+// first block not done (the caller finishes [that, b1) with quantize_row).
+template <class F>
+inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
+                          uint8_t* data, uint8_t* scales) {
+  const int64_t full = n / 32;
+  const int64_t end = b1 < full ? b1 : full;
+  constexpr int64_t bs = block_storage<F>(32);
+  for (int64_t b = b0; b < end; b += 8) {
+    const int nblk = int(end - b < 8 ? end - b : 8);
+    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+  }
+  return b0 > end ? b0 : end;
+}
+
+// Columnwise strip: `rows` (<= 32) rows `ld` apart, 16 columns at x; FP8 only. Returns
+// false (having written nothing) when a block needs the scalar path.
+template <class F>
+inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  const __m256i abs = set16(0x7FFF);
+  __m256i m = _mm256_setzero_si256();
+  for (int r = 0; r < rows; ++r) {
+    m = _mm256_max_epu16(m, _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * ld)), abs));
+  }
+  __m256i klo, khi;
+  int slo, shi;
+  const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(m)), 16);
+  const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(m, 1)), 16);
+  const __m256i blo = scales8<F>(lo, mode, &klo, &slo);
+  const __m256i bhi = scales8<F>(hi, mode, &khi, &shi);
+  if (slo | shi) return false;
+  const __m256i b16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
+  const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(b16, b16), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm256_castsi256_si128(b8));
+  const __m256i k16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8);
+  for (int r = 0; r < rows; ++r) {
+    const __m256i codes =
+        encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * ld)), k16);
+    const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(codes, codes), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(data + r * ld), _mm256_castsi256_si128(b));
+  }
+  return true;
+}
+
+// quantize_cols for bf16 / block 32 / FP8: 16-column strips here, the rest generic.
+template <class F>
+inline void quantize_cols_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1,
+                               int32_t mode, uint8_t* data, uint8_t* scales) {
+  int64_t c = c0;
+  for (; c + 16 <= c1; c += 16) {
+    if (!col_strip<F>(x + c, ld, rows, mode, data + c, scales + c)) {
+      quantize_cols<F, BF16>(x, ld, rows, c, c + 16, 32, mode, data, scales);
+    }
+  }
+  if (c < c1) quantize_cols<F, BF16>(x, ld, rows, c, c1, 32, mode, data, scales);
+}
+
+}  // namespace simd256
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // __AVX2__ && !__AVX512BW__
+#endif  // MXJAX_CPU_SIMD256_H_
