@@ -15,9 +15,9 @@ quantized copies the backward needs. The quantizers are straight-through: the gr
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
-On CPU a product of quantized operands is computed exactly: each operand is dequantized
-to bfloat16 (MX element values times a power of two are exact there) and XLA's dot
-accumulates in float32.
+A product of quantized operands is computed exactly: each operand is dequantized to
+bfloat16, or to float32 on CPUs whose GEMM is faster there (MX element values times a power
+of two are exact in both), and XLA's dot accumulates in float32.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from mxjax import formats
+from mxjax._operand_dtype import cpu_operand_dtype
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize, quantize_2x
 
@@ -223,10 +224,19 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
 
 
 def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
-  """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated."""
+  """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated.
+
+  Both operands are dequantized (exactly) to the dtype the platform's GEMM is faster at:
+  bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster.
+  """
   dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
-  return lax.dot_general(a.dequantize(jnp.bfloat16), b.dequantize(jnp.bfloat16), dims,
-                         preferred_element_type=jnp.float32)
+
+  def with_operands(dtype):
+    return lambda: lax.dot_general(a.dequantize(dtype), b.dequantize(dtype), dims,
+                                   preferred_element_type=jnp.float32)
+
+  return lax.platform_dependent(cpu=with_operands(cpu_operand_dtype()),
+                                default=with_operands(jnp.bfloat16))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -3,6 +3,7 @@
 // a namespace of that name, and kernels_<level>() returns the table.
 #include "kernels.h"
 
+#include <cstring>
 #include <type_traits>
 
 #include "mxjax/quantize.h"
@@ -75,6 +76,56 @@ void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
 
+#ifdef MXJAX_HAVE_SIMD_ROWS
+constexpr int kSubCols = 128;  // columns of a quantize_2x sub-tile copied to L1
+constexpr int kPrefetchCols = 2 * kSubCols;  // prefetch distance in the tile's rows
+
+// quantize_2x of one tile of 32 full rows of bf16 (`ld` apart) and columns [c0, c1), a
+// multiple of kSubCols, block 32, FP8: each [32, kSubCols] sub-tile is copied to a
+// contiguous buffer (rows `ld` apart alias in L1), encoded rowwise from there, then
+// columnwise from there. `row_data` / `row_scales` point at the tile's first row
+// (`row_ld` / `nbk` apart), `col_data` / `col_scales` at its block row.
+template <class F>
+void tile_2x_bf16(const uint16_t* x, int64_t ld, int64_t c0, int64_t c1, int32_t mode,
+                  uint8_t* row_data, int64_t row_ld, uint8_t* row_scales, int64_t nbk,
+                  uint8_t* col_data, uint8_t* col_scales) {
+  alignas(64) uint16_t buf[32][kSubCols];
+  alignas(64) uint8_t codes[32][kSubCols];  // column codes, written out row by row
+  for (int64_t c = c0; c < c1; c += kSubCols) {
+    // 32 rows are 32 streams, more than the hardware prefetchers follow: fetch ahead.
+    const int64_t ahead = c + kPrefetchCols < c1 ? c + kPrefetchCols : c1;  // within the row
+    for (int r = 0; r < 32 && ahead + kSubCols <= c1; ++r) {
+      for (int b = 0; b < kSubCols * 2; b += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(x + r * ld + ahead) + b);
+        if (b < kSubCols) __builtin_prefetch(col_data + r * ld + ahead + b, 1);
+        if (b < kSubCols * F::bits / 8) __builtin_prefetch(row_data + r * row_ld + ahead + b, 1);
+      }
+    }
+    for (int r = 0; r < 32; ++r) {
+      simd::copy_row(x + r * ld + c, buf[r], kSubCols);
+      simd::row_group<F>(buf[r], kSubCols / 32, mode, row_data + r * row_ld + c,
+                         row_scales + r * nbk + c / 32);
+    }
+    uint32_t scalar = 0;  // strips that need the scalar path, done after the copy-out
+    for (int s = 0; s < kSubCols / simd::kStripCols; ++s) {
+      const int cs = s * simd::kStripCols;
+      if (!simd::col_strip<F>(&buf[0][cs], kSubCols, 32, mode, &codes[0][cs], kSubCols,
+                              col_scales + c + cs)) {
+        scalar |= 1u << s;
+      }
+    }
+    for (int r = 0; r < 32; ++r) std::memcpy(col_data + r * ld + c, codes[r], sizeof(codes[r]));
+    for (int s = 0; scalar >> s; ++s) {
+      const int64_t cs = c + s * simd::kStripCols;
+      if ((scalar >> s) & 1) {
+        quantize_cols<F, BF16>(x, ld, 32, cs, cs + simd::kStripCols, 32, mode, col_data,
+                               col_scales);
+      }
+    }
+  }
+}
+#endif
+
 void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
   dispatch(p.format, p.dtype, [&](auto f, auto in) {
     using F = decltype(f);
@@ -120,9 +171,18 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       Tile t = tile_of(u, nbm, p.k);
       int rows = int(min64(p.block, p.m - t.j * p.block));
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
-      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode,
-                      p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k,
-                      p.col_scales + (t.o * nbm + t.j) * p.k);
+      uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
+      uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
+#ifdef MXJAX_HAVE_SIMD_ROWS
+      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
+        if (block == 32 && rows == 32 && (t.c1 - t.c0) % kSubCols == 0) {
+          tile_2x_bf16<F>(x + r0 * p.k, p.k, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
+                          p.row_scales + r0 * nbk, nbk, cdata, cscales);
+          continue;
+        }
+      }
+#endif
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales);
       for (int r = 0; r < rows; ++r) {
         row_span<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
                         p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);

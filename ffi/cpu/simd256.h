@@ -221,11 +221,23 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   return b0 > end ? b0 : end;
 }
 
-// Columnwise strip: `rows` (<= 32) rows `ld` apart, 16 columns at x; FP8 only. Returns
-// false (having written nothing) when a block needs the scalar path.
+// Copies n (a multiple of 16) bf16 with 32-byte moves: later 32-byte loads of dst then take
+// their data from the store buffer (a memcpy's 16-byte stores would make them wait).
+inline void copy_row(const uint16_t* src, uint16_t* dst, int n) {
+  for (int i = 0; i < n; i += 16) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i),
+                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  }
+}
+
+// Columns per col_strip.
+constexpr int kStripCols = 16;
+
+// Columnwise strip: `rows` (<= 32) rows of 16 columns, `ld` apart at x and `dld` apart at
+// data; FP8 only. Returns false (having written nothing) when a block needs the scalar path.
 template <class F>
 inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
+                      int64_t dld, uint8_t* scales) {
   const __m256i abs = set16(0x7FFF);
   __m256i m = _mm256_setzero_si256();
   for (int r = 0; r < rows; ++r) {
@@ -247,7 +259,7 @@ inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uin
     const __m256i codes =
         encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * ld)), k16);
     const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(codes, codes), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(data + r * ld), _mm256_castsi256_si128(b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(data + r * dld), _mm256_castsi256_si128(b));
   }
   return true;
 }
@@ -258,7 +270,7 @@ inline void quantize_cols_bf16(const uint16_t* x, int64_t ld, int rows, int64_t 
                                int32_t mode, uint8_t* data, uint8_t* scales) {
   int64_t c = c0;
   for (; c + 16 <= c1; c += 16) {
-    if (!col_strip<F>(x + c, ld, rows, mode, data + c, scales + c)) {
+    if (!col_strip<F>(x + c, ld, rows, mode, data + c, ld, scales + c)) {
       quantize_cols<F, BF16>(x, ld, rows, c, c + 16, 32, mode, data, scales);
     }
   }

@@ -221,11 +221,20 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   return b0 > end ? b0 : end;
 }
 
-// Columnwise strip: `rows` (<= 32) rows `ld` apart, 32 columns at x; FP8 only. Returns
-// false (having written nothing) when a block needs the scalar path.
+// Copies n (a multiple of 32) bf16 with 64-byte moves into 64-byte aligned dst: later
+// 64-byte loads of dst then take their data from the store buffer.
+inline void copy_row(const uint16_t* src, uint16_t* dst, int n) {
+  for (int i = 0; i < n; i += 32) _mm512_store_si512(dst + i, _mm512_loadu_si512(src + i));
+}
+
+// Columns per col_strip.
+constexpr int kStripCols = 32;
+
+// Columnwise strip: `rows` (<= 32) rows of 32 columns, `ld` apart at x and `dld` apart at
+// data; FP8 only. Returns false (having written nothing) when a block needs the scalar path.
 template <class F>
 inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
+                      int64_t dld, uint8_t* scales) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
   __m512i m = _mm512_setzero_si512();
   for (int r = 0; r < rows; ++r) {
@@ -244,7 +253,7 @@ inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uin
                                          _mm512_cvtepi32_epi16(khi), 1);
   for (int r = 0; r < rows; ++r) {
     __m512i codes = encode32<F>(_mm512_loadu_si512(x + r * ld), k16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + r * ld), _mm512_cvtepi16_epi8(codes));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + r * dld), _mm512_cvtepi16_epi8(codes));
   }
   return true;
 }
@@ -255,7 +264,7 @@ inline void quantize_cols_bf16(const uint16_t* x, int64_t ld, int rows, int64_t 
                                int32_t mode, uint8_t* data, uint8_t* scales) {
   int64_t c = c0;
   for (; c + 32 <= c1; c += 32) {
-    if (!col_strip<F>(x + c, ld, rows, mode, data + c, scales + c)) {
+    if (!col_strip<F>(x + c, ld, rows, mode, data + c, ld, scales + c)) {
       quantize_cols<F, BF16>(x, ld, rows, c, c + 32, 32, mode, data, scales);
     }
   }

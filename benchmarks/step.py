@@ -1,0 +1,117 @@
+"""A whole training step of the sweep's LM, MX recipes against bf16, in the same run; and
+the fixed cost of one FFI kernel call.
+
+  python benchmarks/step.py                    # the sweep's default LM (d_model 128, ...)
+  python benchmarks/step.py --d-model 256 --layers 4 --seq-len 256 --batch-size 32
+  python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1
+
+The step is the sweep's (`mxjax.sweep.train`: loss, grads, AdamW update) jitted under each
+recipe's `autocast`; the steps are timed in turn within each repetition (median), so a
+noisy neighbour slows all of them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15.
+
+The FFI cost: one jitted program with `--calls` independent quantize calls on tiny inputs
+against the same program with one call; the difference per extra call is what a kernel
+call costs beyond its work (custom-call dispatch, attribute decoding, the thread pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import interleaved_medians  # noqa: E402
+
+from mxjax import _ffi  # noqa: E402
+from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax.context import autocast  # noqa: E402
+from mxjax.quantize import quantize  # noqa: E402
+from mxjax.sweep import formats as sweep_formats  # noqa: E402
+from mxjax.sweep import model as model_lib  # noqa: E402
+from mxjax.sweep import train as train_lib  # noqa: E402
+
+
+def step_fns(lm, config: train_lib.TrainConfig, names):
+  """{format name: step(params, opt_state, batch)} jitted and called under its recipe."""
+  tx = train_lib.optimizer(config)
+
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(lambda p: train_lib.loss_fn(lm, p, batch))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  fns = {}
+  for name in names:
+    recipe = sweep_formats.FORMATS[name].recipe()
+    jitted = jax.jit(step)
+
+    def run(*args, jitted=jitted, recipe=recipe):
+      with autocast(enabled=recipe is not None, recipe=recipe):
+        return jitted(*args)
+
+    fns[name] = run
+  return fns, tx
+
+
+def ffi_call_cost(calls: int, shape=(16, 128), reps: int = 9) -> tuple[float, float]:
+  """(seconds per extra quantize call, seconds per extra XLA elementwise op) on `shape`."""
+  xs = jax.random.normal(jax.random.key(1), (calls, *shape), jnp.float32).astype(jnp.bfloat16)
+
+  def many_quantize(xs, n):
+    return [quantize(xs[i], "e4m3").data for i in range(n)]
+
+  def many_xla(xs, n):  # optimization barriers keep XLA from fusing the n ops into one
+    return [jax.lax.optimization_barrier(xs[i] * 2) for i in range(n)]
+
+  fns = {(kind, n): jax.jit(lambda xs, f=f, n=n: f(xs, n))
+         for kind, f in (("ffi", many_quantize), ("xla", many_xla)) for n in (1, calls)}
+  t = interleaved_medians(fns, xs, reps=reps)
+  per = lambda kind: (t[(kind, calls)] - t[(kind, 1)]) / (calls - 1)  # noqa: E731
+  return per("ffi"), per("xla")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  defaults = model_lib.ModelConfig()
+  p.add_argument("--formats", default="mxfp8_e4m3,mxfp8_hybrid",
+                 help="sweep format names compared with bf16")
+  p.add_argument("--d-model", type=int, default=defaults.d_model)
+  p.add_argument("--layers", type=int, default=defaults.layers)
+  p.add_argument("--heads", type=int, default=defaults.heads)
+  p.add_argument("--seq-len", type=int, default=64)
+  p.add_argument("--batch-size", type=int, default=16)
+  p.add_argument("--reps", type=int, default=15)
+  p.add_argument("--calls", type=int, default=64, help="quantize calls for the FFI cost")
+  args = p.parse_args(argv)
+  config = model_lib.ModelConfig(d_model=args.d_model, layers=args.layers, heads=args.heads,
+                                 max_len=args.seq_len)
+  lm = model_lib.LanguageModel(config)
+  params = train_lib.init_params(lm, 0, args.seq_len)
+  names = [sweep_formats.BASELINE, *(f.name for f in sweep_formats.parse(args.formats))]
+  fns, tx = step_fns(lm, train_lib.TrainConfig(), names)
+  batch = jnp.asarray(np.random.default_rng(0).integers(
+      0, config.vocab, (args.batch_size, args.seq_len + 1)), jnp.int32)
+  opt_state = tx.init(params)
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} cores, "
+        f"simd={_ffi.build_info()['simd']}, MX product operands: "
+        f"{cpu_operand_dtype().name if device.platform == 'cpu' else 'bfloat16'}")
+  print(f"LM: d_model {config.d_model}, {config.layers} layers, {config.heads} heads, "
+        f"batch {args.batch_size} x seq {args.seq_len}; AdamW step (sweep defaults)")
+  t = interleaved_medians(fns, params, opt_state, batch, reps=args.reps)
+  base = t[sweep_formats.BASELINE]
+  for name, sec in t.items():
+    print(f"  {name:14s} {sec * 1e3:8.2f} ms  ratio to bf16 {sec / base:.3f}")
+  ffi, xla = ffi_call_cost(args.calls)
+  print(f"fixed cost per call on a [16, 128] bf16 input: FFI quantize {ffi * 1e6:.1f} us, "
+        f"XLA elementwise op {xla * 1e6:.1f} us ({args.calls} calls in one program)")
+
+
+if __name__ == "__main__":
+  main()

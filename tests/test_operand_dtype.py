@@ -1,0 +1,63 @@
+"""The MX product's CPU operand dtype: chosen from the CPU's flags, overridable, and the
+product equals the oracle's with either dtype."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import mxjax
+from mxjax import _operand_dtype
+from test_dot import assert_f32_close, oracle_fake
+
+FLAGS_LINE = "flags\t\t: fpu sse2 avx2 fma {extra}\n"
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+  """Clears the cached choice before and after the test (it is read at trace time)."""
+  _operand_dtype.cpu_operand_dtype.cache_clear()
+  monkeypatch.delenv("MXJAX_CPU_OPERAND_DTYPE", raising=False)
+  yield monkeypatch
+  _operand_dtype.cpu_operand_dtype.cache_clear()
+  jax.clear_caches()
+
+
+@pytest.mark.parametrize("extra, expected", [("", jnp.float32), ("avx512_bf16", jnp.bfloat16),
+                                             ("amx_bf16 amx_tile", jnp.bfloat16)])
+def test_choice_follows_the_cpu_flags(tmp_path, fresh_choice, extra, expected):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\n" + FLAGS_LINE.format(extra=extra))
+  flags = _operand_dtype.cpu_flags(str(cpuinfo))
+  assert "avx2" in flags and "processor" not in flags
+  fresh_choice.setattr(_operand_dtype, "cpu_flags", lambda: flags)
+  assert _operand_dtype.cpu_operand_dtype() == expected
+
+
+def test_no_cpuinfo_means_no_flags(tmp_path):
+  assert _operand_dtype.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_bad_override_is_named(fresh_choice):
+  fresh_choice.setenv("MXJAX_CPU_OPERAND_DTYPE", "float16")
+  with pytest.raises(ValueError, match="MXJAX_CPU_OPERAND_DTYPE.*float16"):
+    _operand_dtype.cpu_operand_dtype()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_product_uses_the_chosen_dtype_and_equals_the_oracle(fresh_choice, dtype):
+  fresh_choice.setenv("MXJAX_CPU_OPERAND_DTYPE", dtype)
+  kl, kr = jax.random.split(jax.random.key(3))
+  lhs = jax.random.normal(kl, (64, 96), jnp.float32)
+  rhs = jax.random.normal(kr, (96, 48), jnp.float32)
+  fn = jax.jit(lambda a, b: mxjax.matmul(a, b, fwd_format="e4m3"))
+  hlo = fn.lower(lhs, rhs).compile().as_text()
+  dot_operands = [line for line in hlo.splitlines() if " dot(" in line]
+  assert dot_operands, hlo
+  short = {"bfloat16": "bf16", "float32": "f32"}
+  fusion = hlo.split(" dot(")[0].rsplit("%fused", 1)[-1]  # the computation holding the dot
+  assert f"param_0: {short[dtype]}[" in fusion and f"param_1: {short[dtype]}[" in fusion
+  ql, qr = oracle_fake(lhs, "e4m3", (1,)), oracle_fake(rhs, "e4m3", (0,))
+  dims = (((1,), (0,)), ((), ()))
+  expected = lax.dot_general(ql, qr, dims, precision=lax.Precision.HIGHEST)
+  assert_f32_close(fn(lhs, rhs), expected, jnp.abs(ql), jnp.abs(qr), dims)
