@@ -12,7 +12,10 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
 It also times an elementwise op that reads and writes every byte once (flipping the bf16
 sign bits as uint16) and prints the
 kernel's memory traffic (input + data + scales) per second as a share of that op's (on
-GPUs; XLA's CPU elementwise ops are no bandwidth reference).
+GPUs; XLA's CPU elementwise ops are no bandwidth reference). On CPU the reference is the
+copy bandwidth on every core (benchmarks/roofline.py, measured in the same run): rowwise
+quantize and dequantize print their traffic as a fraction of it (issue 13 goals: >= 0.8
+for FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time).
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -33,10 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from roofline import copy_bandwidth, quantize_bytes  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 from mxjax import _ffi, formats, reference  # noqa: E402
-from mxjax.quantize import quantize, quantize_2x  # noqa: E402
+from mxjax.quantize import dequantize, quantize, quantize_2x  # noqa: E402
 
 
 def jnp_quantize(x, fmt: str, axis: int, block_size: int = 32):
@@ -71,6 +75,20 @@ def bench(fmt: str, shape, reps: int) -> dict:
   return interleaved_medians(fns, x, reps=reps)
 
 
+def cpu_roofline(fmt: str, shape, row_seconds: float, reps: int) -> None:
+  """Prints rowwise quantize and dequantize (to bf16) as fractions of the CPU roofline: copy
+  bandwidth on every core (measured now, best of several) / the bytes each moves."""
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+  q = jax.jit(lambda x: quantize(x, fmt))(x)
+  deq = interleaved_medians({"deq": jax.jit(lambda q: dequantize(q, jnp.bfloat16))}, q,
+                            reps=reps)["deq"]
+  bw = copy_bandwidth()
+  nbytes = quantize_bytes(int(np.prod(shape)), shape[-1], formats.element_format(fmt).bits)
+  print(f"{fmt:7} roofline (copy {bw / 1e9:.1f} GB/s, {nbytes / np.prod(shape):.2f} B/elem): "
+        f"rowwise {nbytes / row_seconds / bw:.2f}, dequantize {deq * 1e3:.2f} ms = "
+        f"{nbytes / deq / bw:.2f}")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
@@ -98,8 +116,9 @@ def main(argv=None):
             f"{j / k:7.2f}x")
     print(f"{fmt:7} (rowwise+columnwise time) / (rowwise time) = "
           f"{t['kernel_2x'] / t['kernel_row']:.2f}  (jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
-    if device.platform == "cpu":
-      continue  # XLA's CPU elementwise ops are no bandwidth reference (one thread)
+    if device.platform == "cpu":  # XLA's CPU elementwise ops are no bandwidth reference
+      cpu_roofline(fmt, shape, t["kernel_row"], args.reps)
+      continue
     f = formats.element_format(fmt)
     row_bytes = n * 2 + f.storage_length(shape[-1]) * n // shape[-1] + n // 32
     copy_bw = 4 * n / t["copy"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import jax
 
 from mxjax import _ffi
+from mxjax._operand_dtype import cpu_operand_dtype
 
-# The product path of mxjax.dot_general on every backend today: exactly dequantized bf16
-# operands into XLA's dot with f32 accumulation. The cuBLASLt block-scaled MXFP8 GEMM
+# The product path of mxjax.dot_general on every backend today: exactly dequantized
+# operands (bf16; on CPUs without bf16 dot instructions f32, mxjax._operand_dtype) into
+# XLA's dot with f32 accumulation. The cuBLASLt block-scaled MXFP8 GEMM
 # target (`mxjax_mx_gemm`, Blackwell only) is built with CUDA but not yet used by the dot:
 # it has not run on a Blackwell GPU.
-_DOT_PATH = "dequantize to bf16 (exact) + XLA dot, f32 accumulation"
+_DOT_PATH = "dequantize to {dtype} (exact) + XLA dot, f32 accumulation"
 
 
 def backend_info(device: jax.Device | None = None) -> dict:
@@ -33,6 +35,8 @@ def backend_info(device: jax.Device | None = None) -> dict:
   else:
     kernels = f"not available: this build has no kernels for platform {platform!r}"
   ops = {op: kernels for op in ("quantize", "quantize_2x", "dequantize", "fake_quantize")}
-  ops["dot_general"] = f"quantize_2x ({kernels.split(' (')[0]}) + {_DOT_PATH}"
+  dtype = cpu_operand_dtype().name if platform == "cpu" else "bfloat16"
+  ops["dot_general"] = (f"quantize_2x ({kernels.split(' (')[0]}) + "
+                        f"{_DOT_PATH.format(dtype=dtype)}")
   return {"build": build, "device": str(device.device_kind), "platform": platform,
           "compute_capability": capability, "ops": ops}

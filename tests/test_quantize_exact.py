@@ -246,3 +246,25 @@ def test_wide_rows_and_columns_with_mixed_blocks(shape, fmt):
                                     np.asarray(data).view(np.uint8))
       np.testing.assert_array_equal(np.asarray(a.scales).view(np.uint8),
                                     np.asarray(scales).view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequantize_columnwise_every_code_and_scale(fmt):
+  """Along axis 0, every code under every scale byte, in 16- and 32-column SIMD strips and
+  their scalar remainder: columns c and 256 + c have scale byte c; columns from 256 on have
+  no NaN / Inf codes (such codes send a whole strip to the scalar path)."""
+  f = formats.element_format(fmt)
+  n = max(64, 1 << f.bits)
+  codes = np.broadcast_to((np.arange(n) % (1 << f.bits)).astype(np.uint8)[:, None], (n, 256))
+  sign = np.uint8(1 << (f.bits - 1))
+  finite = np.minimum(codes & (sign - 1), f.max_code).astype(np.uint8) | (codes & sign)
+  codes = jnp.asarray(np.concatenate([codes, finite], axis=1)[:, :500])
+  scale_bytes = np.broadcast_to(np.tile(np.arange(256, dtype=np.uint8), 2)[:500], (n // 32, 500))
+  scales = jnp.asarray(np.ascontiguousarray(scale_bytes)).view(jnp.float8_e8m0fnu)
+  data = reference.pack_codes(codes, fmt, axis=0)
+  for dtype in DTYPES:
+    a = MXArray(data=data, scales=scales, format=fmt, block_size=32, axis_from_end=-2,
+                length=n, dtype=jnp.dtype(dtype), scale_mode="rceil")
+    want = reference.dequantize(data, scales, fmt, axis=0, block_size=32, shape=codes.shape,
+                                dtype=dtype)
+    assert_same_floats(dequantize(a, dtype), want)

@@ -3,7 +3,6 @@
 // a namespace of that name, and kernels_<level>() returns the table.
 #include "kernels.h"
 
-#include <cstring>
 #include <type_traits>
 
 #include "mxjax/quantize.h"
@@ -63,68 +62,62 @@ void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int bl
   if (b0 < b1) quantize_row<F, In>(x, n, b0, b1, block, mode, data, scales);
 }
 
-// One column tile (as quantize_cols): the SIMD level's bf16 / block-32 / FP8 strips where
-// there are some, quantize_cols otherwise.
-template <class F, class In>
+#ifdef MXJAX_HAVE_SIMD_ROWS
+// Columnwise quantize of a bf16 / block-32 / FP8 tile (layout as in quantize_cols), columns
+// [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
+// L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
+// path for strips that need it and the columns past the last strip. on_row(r) runs first
+// in the amax pass (quantize_2x encodes the row there, while it is in L1).
+template <class F, class OnRow>
+void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
+                   uint8_t* data, uint8_t* scales, OnRow on_row) {
+  constexpr int W = simd::kStripCols;
+  static_assert(kUnitCols / W <= 64);
+  const int strips = int((c1 - c0) / W);
+  simd::Vec amax[kUnitCols / W], k16[kUnitCols / W];
+  for (int j = 0; j < strips; ++j) amax[j] = simd::Vec{};
+  // The tile's rows are more streams than hardware prefetchers follow: fetch the next tile
+  // of the same rows (the next work unit) ahead.
+  const bool ahead = c1 + (c1 - c0) <= ld;
+  for (int r = 0; r < rows; ++r) {
+    if (ahead) {
+      const char* next = reinterpret_cast<const char*>(x + r * ld + c1);
+      for (int64_t b = 0; b < (c1 - c0) * 2; b += 64) __builtin_prefetch(next + b);
+    }
+    on_row(r);
+    for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
+  }
+  uint64_t scalar = 0;
+  for (int j = 0; j < strips; ++j) {
+    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &k16[j])) scalar |= 1ull << j;
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < strips; ++j) {
+      simd::strip_encode<F>(x + r * ld + c0 + j * W, k16[j], data + r * ld + c0 + j * W);
+    }
+  }
+  for (int j = 0; j < strips; ++j) {
+    const int64_t c = c0 + j * W;
+    if ((scalar >> j) & 1) quantize_cols<F, BF16>(x, ld, rows, c, c + W, 32, mode, data, scales);
+  }
+  const int64_t done = c0 + int64_t(strips) * W;
+  if (done < c1) quantize_cols<F, BF16>(x, ld, rows, done, c1, 32, mode, data, scales);
+}
+#endif
+
+// One column tile (as quantize_cols), on_row(r) called for each row first: the SIMD level's
+// bf16 / block-32 / FP8 path where there is one, quantize_cols otherwise.
+template <class F, class In, class OnRow>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
-              int32_t mode, uint8_t* data, uint8_t* scales) {
+              int32_t mode, uint8_t* data, uint8_t* scales, OnRow on_row) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
   if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
-    if (block == 32) return simd::quantize_cols_bf16<F>(x, ld, rows, c0, c1, mode, data, scales);
+    if (block == 32) return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, on_row);
   }
 #endif
+  for (int r = 0; r < rows; ++r) on_row(r);
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
-
-#ifdef MXJAX_HAVE_SIMD_ROWS
-constexpr int kSubCols = 128;  // columns of a quantize_2x sub-tile copied to L1
-constexpr int kPrefetchCols = 2 * kSubCols;  // prefetch distance in the tile's rows
-
-// quantize_2x of one tile of 32 full rows of bf16 (`ld` apart) and columns [c0, c1), a
-// multiple of kSubCols, block 32, FP8: each [32, kSubCols] sub-tile is copied to a
-// contiguous buffer (rows `ld` apart alias in L1), encoded rowwise from there, then
-// columnwise from there. `row_data` / `row_scales` point at the tile's first row
-// (`row_ld` / `nbk` apart), `col_data` / `col_scales` at its block row.
-template <class F>
-void tile_2x_bf16(const uint16_t* x, int64_t ld, int64_t c0, int64_t c1, int32_t mode,
-                  uint8_t* row_data, int64_t row_ld, uint8_t* row_scales, int64_t nbk,
-                  uint8_t* col_data, uint8_t* col_scales) {
-  alignas(64) uint16_t buf[32][kSubCols];
-  alignas(64) uint8_t codes[32][kSubCols];  // column codes, written out row by row
-  for (int64_t c = c0; c < c1; c += kSubCols) {
-    // 32 rows are 32 streams, more than the hardware prefetchers follow: fetch ahead.
-    const int64_t ahead = c + kPrefetchCols < c1 ? c + kPrefetchCols : c1;  // within the row
-    for (int r = 0; r < 32 && ahead + kSubCols <= c1; ++r) {
-      for (int b = 0; b < kSubCols * 2; b += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(x + r * ld + ahead) + b);
-        if (b < kSubCols) __builtin_prefetch(col_data + r * ld + ahead + b, 1);
-        if (b < kSubCols * F::bits / 8) __builtin_prefetch(row_data + r * row_ld + ahead + b, 1);
-      }
-    }
-    for (int r = 0; r < 32; ++r) {
-      simd::copy_row(x + r * ld + c, buf[r], kSubCols);
-      simd::row_group<F>(buf[r], kSubCols / 32, mode, row_data + r * row_ld + c,
-                         row_scales + r * nbk + c / 32);
-    }
-    uint32_t scalar = 0;  // strips that need the scalar path, done after the copy-out
-    for (int s = 0; s < kSubCols / simd::kStripCols; ++s) {
-      const int cs = s * simd::kStripCols;
-      if (!simd::col_strip<F>(&buf[0][cs], kSubCols, 32, mode, &codes[0][cs], kSubCols,
-                              col_scales + c + cs)) {
-        scalar |= 1u << s;
-      }
-    }
-    for (int r = 0; r < 32; ++r) std::memcpy(col_data + r * ld + c, codes[r], sizeof(codes[r]));
-    for (int s = 0; scalar >> s; ++s) {
-      const int64_t cs = c + s * simd::kStripCols;
-      if ((scalar >> s) & 1) {
-        quantize_cols<F, BF16>(x, ld, 32, cs, cs + simd::kStripCols, 32, mode, col_data,
-                               col_scales);
-      }
-    }
-  }
-}
-#endif
 
 void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
   dispatch(p.format, p.dtype, [&](auto f, auto in) {
@@ -151,7 +144,7 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                      p.scales + (t.o * nb + t.j) * p.inner);
+                      p.scales + (t.o * nb + t.j) * p.inner, [](int) {});
     }
   });
 }
@@ -173,20 +166,11 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
-#ifdef MXJAX_HAVE_SIMD_ROWS
-      if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
-        if (block == 32 && rows == 32 && (t.c1 - t.c0) % kSubCols == 0) {
-          tile_2x_bf16<F>(x + r0 * p.k, p.k, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
-                          p.row_scales + r0 * nbk, nbk, cdata, cscales);
-          continue;
-        }
-      }
-#endif
-      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales);
-      for (int r = 0; r < rows; ++r) {
+      auto row = [&](int r) {  // rowwise blocks of the tile's row r
         row_span<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
                         p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
-      }
+      };
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, row);
     }
   });
 }
@@ -204,8 +188,19 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
-        dequantize_row<F, Out>(p.data + row * storage, p.scales + row * nb, p.n, u % nb, b1,
-                               block, out + row * p.n);
+        int64_t b0 = u % nb;
+#ifdef MXJAX_HAVE_SIMD256
+        if constexpr (!std::is_same_v<Out, F16>) {
+          if (block == 32) {
+            b0 = simd256::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
+                                                        p.n, b0, b1, out + row * p.n);
+          }
+        }
+#endif
+        if (b0 < b1) {
+          dequantize_row<F, Out>(p.data + row * storage, p.scales + row * nb, p.n, b0, b1, block,
+                                 out + row * p.n);
+        }
         u += b1 - u % nb;
       }
       return;
@@ -213,9 +208,19 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
-      dequantize_cols<F, Out>(p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                              p.scales + (t.o * nb + t.j) * p.inner, p.inner, rows, t.c0, t.c1,
-                              out + (t.o * p.n + t.j * p.block) * p.inner);
+      const uint8_t* dt = p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner;
+      const uint8_t* st = p.scales + (t.o * nb + t.j) * p.inner;
+      T* ot = out + (t.o * p.n + t.j * p.block) * p.inner;
+#ifdef MXJAX_HAVE_SIMD256
+      static_assert(kUnitCols <= simd256::kMaxTileCols);
+      if constexpr (!std::is_same_v<Out, F16>) {
+        if (block == 32) {
+          simd256::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
+          continue;
+        }
+      }
+#endif
+      dequantize_cols<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
     }
   });
 }

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "mxjax/quantize.h"
+#include "simd256.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -120,27 +121,7 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
 // Stores the 32 codes of one block (u16 lanes) in F's packed storage.
 template <class F>
 inline void store_block(__m512i codes, uint8_t* out) {
-  if constexpr (F::bits == 8) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi16_epi8(codes));
-  } else if constexpr (F::bits == 4) {
-    // u32 lane = c0 | c1 << 16 -> byte c0 | c1 << 4
-    __m512i b = _mm512_or_si512(codes, _mm512_srli_epi32(codes, 12));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(b));
-  } else {
-    // u64 lane = c0 | c1 << 16 | c2 << 32 | c3 << 48 -> 24 bits c0 | c1 << 6 | c2 << 12 | c3 << 18
-    const __m512i m = _mm512_set1_epi64(0x3F);
-    __m512i w = _mm512_and_si512(codes, m);
-    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 10), _mm512_slli_epi64(m, 6)));
-    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 20), _mm512_slli_epi64(m, 12)));
-    w = _mm512_or_si512(w, _mm512_and_si512(_mm512_srli_epi64(codes, 30), _mm512_slli_epi64(m, 18)));
-    alignas(64) uint64_t g[8];
-    _mm512_store_si512(reinterpret_cast<__m512i*>(g), w);
-    for (int i = 0; i < 8; ++i) {
-      out[3 * i] = uint8_t(g[i]);
-      out[3 * i + 1] = uint8_t(g[i] >> 8);
-      out[3 * i + 2] = uint8_t(g[i] >> 16);
-    }
-  }
+  simd256::store_block<F>(_mm512_cvtepi16_epi8(codes), out);
 }
 
 // Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b.
@@ -221,54 +202,39 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   return b0 > end ? b0 : end;
 }
 
-// Copies n (a multiple of 32) bf16 with 64-byte moves into 64-byte aligned dst: later
-// 64-byte loads of dst then take their data from the store buffer.
-inline void copy_row(const uint16_t* src, uint16_t* dst, int n) {
-  for (int i = 0; i < n; i += 32) _mm512_store_si512(dst + i, _mm512_loadu_si512(src + i));
-}
-
-// Columns per col_strip.
+// Column strips of a column tile, 32 columns (one vector of bf16) each; FP8 only. A tile is
+// done in three passes over its rows (kernels.cc, col_tile_bf16): strip_amax, strip_scales,
+// strip_encode.
+using Vec = __m512i;
 constexpr int kStripCols = 32;
 
-// Columnwise strip: `rows` (<= 32) rows of 32 columns, `ld` apart at x and `dld` apart at
-// data; FP8 only. Returns false (having written nothing) when a block needs the scalar path.
-template <class F>
-inline bool col_strip(const uint16_t* x, int64_t ld, int rows, int32_t mode, uint8_t* data,
-                      int64_t dld, uint8_t* scales) {
-  const __m512i abs = _mm512_set1_epi16(0x7FFF);
-  __m512i m = _mm512_setzero_si512();
-  for (int r = 0; r < rows; ++r) {
-    m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(x + r * ld), abs));
-  }
-  __m512i klo, khi;
-  __mmask16 slo, shi;
-  __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(m)), 16);
-  __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(m, 1)), 16);
-  __m512i blo = scales16<F>(lo, mode, &klo, &slo);
-  __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
-  if (slo | shi) return false;
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(blo));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + 16), _mm512_cvtepi32_epi8(bhi));
-  const __m512i k16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
-                                         _mm512_cvtepi32_epi16(khi), 1);
-  for (int r = 0; r < rows; ++r) {
-    __m512i codes = encode32<F>(_mm512_loadu_si512(x + r * ld), k16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + r * dld), _mm512_cvtepi16_epi8(codes));
-  }
-  return true;
+// amax (u16 lanes) of a strip, updated with the 32 bf16 at x.
+inline Vec strip_amax(Vec amax, const uint16_t* x) {
+  return _mm512_max_epu16(amax, _mm512_and_si512(_mm512_loadu_si512(x), _mm512_set1_epi16(0x7FFF)));
 }
 
-// quantize_cols for bf16 / block 32 / FP8: 32-column strips here, the rest generic.
+// Stores the strip's 32 scale bytes and returns its k16 (see encode32); false where a block
+// needs the scalar path.
 template <class F>
-inline void quantize_cols_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1,
-                               int32_t mode, uint8_t* data, uint8_t* scales) {
-  int64_t c = c0;
-  for (; c + 32 <= c1; c += 32) {
-    if (!col_strip<F>(x + c, ld, rows, mode, data + c, ld, scales + c)) {
-      quantize_cols<F, BF16>(x, ld, rows, c, c + 32, 32, mode, data, scales);
-    }
-  }
-  if (c < c1) quantize_cols<F, BF16>(x, ld, rows, c, c1, 32, mode, data, scales);
+inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
+  __m512i klo, khi;
+  __mmask16 slo, shi;
+  __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(amax)), 16);
+  __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(amax, 1)), 16);
+  __m512i blo = scales16<F>(lo, mode, &klo, &slo);
+  __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(blo));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + 16), _mm512_cvtepi32_epi8(bhi));
+  *k16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
+                            _mm512_cvtepi32_epi16(khi), 1);
+  return (slo | shi) == 0;
+}
+
+// The 32 FP8 codes of the bf16 at x, with the strip's k16, stored at out.
+template <class F>
+inline void strip_encode(const uint16_t* x, Vec k16, uint8_t* out) {
+  __m512i codes = encode32<F>(_mm512_loadu_si512(x), k16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi16_epi8(codes));
 }
 
 }  // namespace simd512
