@@ -7,6 +7,7 @@
 
 #include "mxjax/quantize.h"
 #include "simd256.h"
+#include "simd256_dequantize.h"
 #include "simd512.h"
 
 namespace mxjax {
@@ -63,7 +64,7 @@ void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int bl
 }
 
 #ifdef MXJAX_HAVE_SIMD_ROWS
-// Columnwise quantize of a bf16 / block-32 / FP8 tile (layout as in quantize_cols), columns
+// Columnwise quantize of a bf16 / block-32 tile (layout as in quantize_cols), columns
 // [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
 // L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
 // path for strips that need it and the columns past the last strip. on_row(r) runs first
@@ -91,9 +92,10 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   for (int j = 0; j < strips; ++j) {
     if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &k16[j])) scalar |= 1ull << j;
   }
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < rows; r += F::group_codes) {
+    uint8_t* out = data + r / F::group_codes * F::group_bytes * ld + c0;
     for (int j = 0; j < strips; ++j) {
-      simd::strip_encode<F>(x + r * ld + c0 + j * W, k16[j], data + r * ld + c0 + j * W);
+      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, k16[j], out + j * W, ld);
     }
   }
   for (int j = 0; j < strips; ++j) {
@@ -106,12 +108,12 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 #endif
 
 // One column tile (as quantize_cols), on_row(r) called for each row first: the SIMD level's
-// bf16 / block-32 / FP8 path where there is one, quantize_cols otherwise.
+// bf16 / block-32 path where there is one, quantize_cols otherwise.
 template <class F, class In, class OnRow>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
               int32_t mode, uint8_t* data, uint8_t* scales, OnRow on_row) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
-  if constexpr (std::is_same_v<In, BF16> && F::bits == 8) {
+  if constexpr (std::is_same_v<In, BF16>) {
     if (block == 32) return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, on_row);
   }
 #endif

@@ -202,7 +202,7 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   return b0 > end ? b0 : end;
 }
 
-// Column strips of a column tile, 32 columns (one vector of bf16) each; FP8 only. A tile is
+// Column strips of a column tile, 32 columns (one vector of bf16) each. A tile is
 // done in three passes over its rows (kernels.cc, col_tile_bf16): strip_amax, strip_scales,
 // strip_encode.
 using Vec = __m512i;
@@ -230,11 +230,28 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
   return (slo | shi) == 0;
 }
 
-// The 32 FP8 codes of the bf16 at x, with the strip's k16, stored at out.
+// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
+// rows from `rows` on are zero padding), with its k16, stored in F's group_bytes storage
+// rows `dld` apart at out.
 template <class F>
-inline void strip_encode(const uint16_t* x, Vec k16, uint8_t* out) {
-  __m512i codes = encode32<F>(_mm512_loadu_si512(x), k16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi16_epi8(codes));
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, Vec k16, uint8_t* out,
+                         int64_t dld) {
+  __m512i c[F::group_codes];
+  for (int i = 0; i < F::group_codes; ++i) {
+    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), k16) : _mm512_setzero_si512();
+  }
+  auto store = [](__m512i v, uint8_t* o) {  // low byte of each u16 lane
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi16_epi8(v));
+  };
+  if constexpr (F::bits == 8) {
+    store(c[0], out);
+  } else if constexpr (F::bits == 4) {
+    store(_mm512_or_si512(c[0], _mm512_slli_epi16(c[1], 4)), out);
+  } else {  // c0 | c1 << 6 | c2 << 12 | c3 << 18 in three bytes
+    store(_mm512_or_si512(c[0], _mm512_slli_epi16(c[1], 6)), out);
+    store(_mm512_or_si512(_mm512_srli_epi16(c[1], 2), _mm512_slli_epi16(c[2], 4)), out + dld);
+    store(_mm512_or_si512(_mm512_srli_epi16(c[2], 4), _mm512_slli_epi16(c[3], 2)), out + 2 * dld);
+  }
 }
 
 }  // namespace simd512

@@ -1,0 +1,208 @@
+// AVX2 dequantize, block 32, to bf16 / f32 (every format): rowwise blocks and column tiles.
+// Host only; included by kernels.cc in the TUs built with -mavx2 and -mavx512bw. Bit-exact
+// with the templates of quantize.h, which do the blocks these leave (see below).
+#ifndef MXJAX_CPU_SIMD256_DEQUANTIZE_H_
+#define MXJAX_CPU_SIMD256_DEQUANTIZE_H_
+
+#include "simd256.h"
+
+#ifdef MXJAX_HAVE_SIMD256
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd256 {
+
+// Element values have at most 4 significant bits, so decode(code) * 2^e is a
+// bf16 whenever it is a normal number: its bits are those of decode(code) with e added to
+// the exponent field. Blocks where some value could leave the normal range (by their scale
+// byte), NaN scales and NaN / Inf codes go to the scalar path.
+
+// The 32 codes of one block in F's storage at src -> bytes in order (lane h: codes 16h..).
+template <class F>
+inline __m256i load_codes(const uint8_t* src) {
+  if constexpr (F::bits == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  } else if constexpr (F::bits == 4) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    return _mm256_setr_m128i(_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
+  } else {
+    // 3 bytes -> u32 lane w = b0 | b1 << 8 | b2 << 16 -> 4 codes of 6 bits, one per byte
+    const __m256i b = _mm256_setr_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)),
+                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8)));
+    const __m256i w = _mm256_shuffle_epi8(
+        b, _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                            4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1));
+    const __m256i m = set32(0x3F);
+    __m256i c = _mm256_and_si256(w, m);
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m, 8)));
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 4), _mm256_slli_epi32(m, 16)));
+    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 6), _mm256_slli_epi32(m, 24)));
+  }
+}
+
+// bf16 bits of the element subnormals m * 2^(emin - man) (m < 2^man), lo and hi bytes.
+template <class F>
+struct SubnormalTable {
+  uint8_t lo[16] = {}, hi[16] = {};
+  constexpr SubnormalTable() {
+    for (int m = 1; m < (1 << F::man_bits); ++m) {
+      int p = 0;  // floor(log2(m))
+      while ((m >> (p + 1)) != 0) ++p;
+      const int bits = ((F::emin - F::man_bits + p + 127) << 7) | (((m << (7 - p)) & 0x7F));
+      lo[m] = uint8_t(bits);
+      hi[m] = uint8_t(bits >> 8);
+    }
+  }
+};
+
+// 16 codes (u16 lanes) -> bf16 bits of decode(code) * 2^e, e7 = e << 7 (every value normal).
+template <class F>
+inline __m256i decode16(__m256i c, __m256i e7) {
+  static constexpr SubnormalTable<F> kSub{};
+  const __m256i mag = _mm256_and_si256(c, set16(F::mag_mask));
+  const __m256i normal = _mm256_add_epi16(_mm256_slli_epi16(mag, 7 - F::man_bits),
+                                          set16((127 - F::bias) << 7));
+  const __m256i sub = _mm256_or_si256(
+      _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(kSub.lo))), mag),
+      _mm256_slli_epi16(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(kSub.hi))), mag), 8));
+  const __m256i is_sub = _mm256_cmpgt_epi16(set16(1 << F::man_bits), mag);
+  const __m256i zero = _mm256_cmpeq_epi16(mag, _mm256_setzero_si256());
+  __m256i v = _mm256_blendv_epi8(normal, sub, is_sub);
+  v = _mm256_andnot_si256(zero, _mm256_add_epi16(v, e7));
+  return _mm256_or_si256(v, _mm256_slli_epi16(_mm256_srli_epi16(c, F::bits - 1), 15));
+}
+
+// Whether every value of a block with scale byte s is a normal bf16 (and s is not NaN).
+template <class F>
+constexpr bool dequantize_in_range(int s) {
+  const int e = s - kE8M0Bias;
+  return s != kE8M0NaN && e >= F::man_bits - F::emin - 126 && e <= 127 - F::emax;
+}
+
+// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits.
+template <class Out>
+inline void store16(__m256i v, typename Out::T* out) {
+  if constexpr (sizeof(typename Out::T) == 2) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+  } else {  // f32 bits: bf16 bits << 16
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+  }
+}
+
+// Codes of 16 columns for the rows of storage group g (rows g * group_codes ...) of a column
+// tile: codes[k] gets row g * group_codes + k (u16 lanes).
+template <class F>
+inline void load_col_group(const uint8_t* data, int64_t ld, __m256i* codes) {
+  auto row = [&](int i) {
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i * ld)));
+  };
+  if constexpr (F::bits == 8) {
+    codes[0] = row(0);
+  } else if constexpr (F::bits == 4) {
+    const __m256i b = row(0);
+    codes[0] = _mm256_and_si256(b, set16(15));
+    codes[1] = _mm256_srli_epi16(b, 4);
+  } else {  // w = b0 | b1 << 8 | b2 << 16 holds 4 codes of 6 bits
+    const __m256i b0 = row(0), b1 = row(1), b2 = row(2);
+    codes[0] = _mm256_and_si256(b0, set16(63));
+    codes[1] = _mm256_or_si256(_mm256_srli_epi16(b0, 6),
+                               _mm256_slli_epi16(_mm256_and_si256(b1, set16(15)), 2));
+    codes[2] = _mm256_or_si256(_mm256_srli_epi16(b1, 4),
+                               _mm256_slli_epi16(_mm256_and_si256(b2, set16(3)), 4));
+    codes[3] = _mm256_srli_epi16(b2, 2);
+  }
+}
+
+// Dequantizes columns [c0, c1) of a column tile (layout as in dequantize_cols: `rows` <= 32
+// outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: 16-column
+// strips row by row (rows `ld` apart alias in L1, so each output row is written in one go),
+// then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf code and for
+// the columns past the last strip.
+constexpr int kMaxTileCols = 512;
+
+template <class F, class Out>
+inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
+  const int strips = int((c1 - c0) / 16);
+  __m256i e7[kMaxTileCols / 16];
+  uint32_t scalar[kMaxTileCols / 16 / 32 + 1] = {};
+  for (int j = 0; j < strips; ++j) {
+    const uint8_t* s = scales + c0 + 16 * j;
+    bool ok = true;
+    for (int c = 0; c < 16; ++c) ok &= dequantize_in_range<F>(s[c]);
+    if (!ok) scalar[j / 32] |= 1u << (j % 32);
+    e7[j] = _mm256_slli_epi16(
+        _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))),
+                         set16(kE8M0Bias)), 7);
+  }
+  const int groups = (rows + F::group_codes - 1) / F::group_codes;
+  for (int g = 0; g < groups; ++g) {
+    for (int j = 0; j < strips; ++j) {
+      const int64_t c = c0 + 16 * j;
+      __m256i codes[F::group_codes];
+      load_col_group<F>(data + g * F::group_bytes * ld + c, ld, codes);
+      if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+        const __m256i mag = _mm256_and_si256(codes[0], set16(F::mag_mask));
+        if (!_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1))) {
+          scalar[j / 32] |= 1u << (j % 32);
+        }
+      }
+      for (int k = 0; k < F::group_codes && g * F::group_codes + k < rows; ++k) {
+        store16<Out>(decode16<F>(codes[k], e7[j]), out + (g * F::group_codes + k) * ld + c);
+      }
+    }
+  }
+  for (int j = 0; j < strips; ++j) {
+    if ((scalar[j / 32] >> (j % 32)) & 1) {
+      dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * j, c0 + 16 * j + 16, out);
+    }
+  }
+  if (c0 + 16 * strips < c1) dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * strips, c1, out);
+}
+
+// Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
+// full blocks here, one at a time, except those dequantize_row must do. Returns the first
+// block not done (the caller finishes [that, b1)).
+template <class F, class Out>
+inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
+                                     int64_t b0, int64_t b1, typename Out::T* out) {
+  static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
+  constexpr int64_t bs = block_storage<F>(32);
+  const int64_t end = b1 < n / 32 ? b1 : n / 32;
+  for (int64_t b = b0; b < end; ++b) {
+    const uint8_t* src = data + b * bs;
+    typename Out::T* dst = out + b * 32;
+    const __m256i codes = load_codes<F>(src);
+    bool scalar = !dequantize_in_range<F>(scales[b]);
+    if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+      const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
+      scalar |= !_mm256_testz_si256(
+          _mm256_cmpeq_epi8(_mm256_max_epu8(mag, _mm256_set1_epi8(int8_t(F::max_code + 1))), mag),
+          _mm256_set1_epi8(-1));
+    }
+    if (scalar) {
+      dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
+      continue;
+    }
+    const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
+    const __m256i lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
+    const __m256i hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
+    store16<Out>(lo, dst);
+    store16<Out>(hi, dst + 16);
+  }
+  return b0 > end ? b0 : end;
+}
+
+}  // namespace simd256
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // MXJAX_HAVE_SIMD256
+#endif  // MXJAX_CPU_SIMD256_DEQUANTIZE_H_
