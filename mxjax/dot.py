@@ -17,7 +17,10 @@ the quantization of `g` and of the saved operands.
 
 A product of quantized operands is computed exactly: each operand is dequantized to
 bfloat16, or to float32 on CPUs whose GEMM is faster there (MX element values times a power
-of two are exact in both), and XLA's dot accumulates in float32.
+of two are exact in both), and XLA's dot accumulates in float32. The product sits behind an
+optimization barrier: XLA's CPU runtime rejects a bf16 x bf16 -> f32 dot in the layouts its
+simplifier makes when a transpose of the result is folded in ("Unsupported element type for
+DotThunk::Execute").
 """
 
 from __future__ import annotations
@@ -232,8 +235,8 @@ def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
   dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
 
   def with_operands(dtype):
-    return lambda: lax.dot_general(a.dequantize(dtype), b.dequantize(dtype), dims,
-                                   preferred_element_type=jnp.float32)
+    return lambda: lax.optimization_barrier(lax.dot_general(
+        a.dequantize(dtype), b.dequantize(dtype), dims, preferred_element_type=jnp.float32))
 
   return lax.platform_dependent(cpu=with_operands(cpu_operand_dtype()),
                                 default=with_operands(jnp.bfloat16))
