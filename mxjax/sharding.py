@@ -70,16 +70,65 @@ def typed_spec(x) -> tuple | None:
   return spec if any(entry is not None for entry in spec) else None
 
 
+def explicit_sharding(x):
+  """The NamedSharding in x's type when its mesh has Explicit axes (even if x is
+  replicated over them), else None."""
+  named = jax.typeof(x).sharding
+  if jax.sharding.AxisType.Explicit not in getattr(named.mesh, "axis_types", ()):
+    return None
+  return named
+
+
 def shard_count(mesh, entry) -> int:
   """Devices a PartitionSpec entry (None, an axis name or a tuple of them) splits over."""
-  if entry is None:
-    return 1
-  names = entry if isinstance(entry, tuple) else (entry,)
-  return math.prod(mesh.shape[name] for name in names)
+  return math.prod(mesh.shape[name] for name in _names(entry))
 
 
 def _whole_blocks(length: int, block_size: int, shards: int) -> bool:
   return shards == 1 or (length % block_size == 0 and (length // block_size) % shards == 0)
+
+
+def _names(entry) -> tuple:
+  return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def _entry(names: Sequence[str]):
+  return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def merge_dims(entries: Sequence, sizes: Sequence[int], mesh) -> tuple[list, object]:
+  """How consecutive dims of `sizes`, sharded as `entries`, merge into one dim in place.
+
+  Returns (entries the dims must have first, the merged dim's entry). The merged dim's
+  shards are contiguous when every dim before the first one holding several indices per
+  shard is split down to single indices and every dim after it is unsharded; sharded dims
+  after it are gathered (the first entries then differ from `entries`).
+  """
+  kept, names, wide = [], [], False
+  for entry, size in zip(entries, sizes):
+    if wide and entry is not None:
+      kept.append(None)
+      continue
+    kept.append(entry)
+    names += _names(entry)
+    wide = wide or size // shard_count(mesh, entry) > 1
+  return kept, _entry(names)
+
+
+def split_dim(entry, sizes: Sequence[int], mesh) -> list | None:
+  """The entries of the dims `sizes` that a dim sharded as `entry` splits into in place
+  (the inverse of `merge_dims`); None when its shards do not fall on whole slices."""
+  names, out = list(_names(entry)), []
+  for size in sizes:
+    taken = []
+    while names and size % (shard_count(mesh, tuple(taken)) * mesh.shape[names[0]]) == 0:
+      taken.append(names.pop(0))
+      if shard_count(mesh, tuple(taken)) == size:
+        break
+    out.append(_entry(taken))
+    if shard_count(mesh, tuple(taken)) < size and names:
+      return None  # this dim keeps several indices per shard: the rest cannot be split off
+  return None if names else out
 
 
 def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
@@ -97,15 +146,18 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
       pair_spec[a] = None
     pair_specs.append(PartitionSpec(*pair_spec))
 
+  # Every axis not yet manual turns manual (the call then runs as it is on each shard):
+  # the operand is replicated over those its spec does not name.
+  manual = {name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+            if kind != jax.sharding.AxisType.Manual}
+
   def sharded_call(pspec, n_results):
-    names = {name for entry in pspec if entry is not None
-             for name in (entry if isinstance(entry, tuple) else (entry,))}
     operands = [jax.sharding.reshard(a, pspec) for a in args]
-    if not names:
+    if all(entry is None for entry in pspec):
       return op(*operands)
     return jax.shard_map(op, mesh=mesh, in_specs=(pspec,) * len(args),
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
-                         axis_names=names)(*operands)
+                         axis_names=manual)(*operands)
 
   if dequantize:
     return sharded_call(pair_specs[0], None)
@@ -135,12 +187,12 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
     pairs = []
     for j, a in enumerate(axes):
       n = full[a]
-      if n % block_size == 0:
+      if n % block_size == 0 and n > block_size:  # Shardy wants compound factors above 1
         dims[a] = f"(k{j} b{j})"
         data_dim, scale_dim = f"(k{j} p{j})", f"k{j}"
         sizes[f"b{j}"], sizes[f"p{j}"] = block_size, storage_per_block
         replicated += [f"b{j}", f"p{j}"]  # a shard never splits a block
-      else:  # not whole blocks: three unrelated factors, all replicated
+      else:  # not several whole blocks: three unrelated factors, all replicated
         dims[a] = f"n{j}"
         data_dim, scale_dim = f"s{j}", f"c{j}"
         replicated += [f"n{j}", f"s{j}", f"c{j}"]
