@@ -373,7 +373,7 @@ def _mx_dot_bwd(config: _DotConfig, residuals, g):
 def _zero_cotangent(x):
   """Zero cotangents for MXArray operands (not differentiable); None for arrays."""
   if isinstance(x, (MXArray, tuple)):
-    return jax.tree.map(jnp.zeros_like, x)
+    return jax.tree.map(lambda a: _reshard(jnp.zeros_like(a), sharding.explicit_sharding(a)), x)
   return None
 
 

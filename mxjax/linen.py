@@ -64,13 +64,14 @@ class DenseGeneral(nn.Module):
   state_collection: str = state_lib.STATE_COLLECTION
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x [..., *in_dims] -> [..., *features]."""
+  def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
+    """x [..., *in_dims] -> [..., *features]; `out_sharding` (Explicit mesh axes) as in
+    `mxjax.dot_general`, for the output."""
     features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
     axes = _canonical_axes(self.axis, x.ndim)
     in_dims = tuple(x.shape[a] for a in axes)
     k, n = math.prod(in_dims), math.prod(features)
-    kernel = self._kernel(in_dims + features, (k, n))
+    kernel = self._kernel(in_dims + features, (k, n), len(in_dims))
     bias = None
     if self.use_bias:
       bias_init = self.bias_init
@@ -87,19 +88,24 @@ class DenseGeneral(nn.Module):
     x2 = x2.astype(dtype)
     if not quantized:
       kernel = kernel.reshape(k, n).astype(dtype)
-    y = self._project(x2, kernel, dtype)
+    y = self._project(x2, kernel, dtype,
+                      _gemm.flat_features_sharding(out_sharding, len(batch), len(features)))
     y = y.reshape(*y.shape[:-1], *features)
     if bias is not None:
       y = y + bias.astype(dtype)
     return y
 
-  def _kernel(self, shape, shape_2d):
-    """The `kernel` param: high precision of `shape`, or quantized in 2-D form."""
+  def _kernel(self, shape, shape_2d, n_in):
+    """The `kernel` param: high precision of `shape` (`n_in` input dims, then the
+    features), or quantized in 2-D form."""
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
       def quantized_init(key, shape, dtype):
         w = self.kernel_init(key, shape, dtype).reshape(shape_2d)
         return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+      if self.kernel_axes:  # the 2-D form keeps the axes of the leading in / feature dims
+        axes_2d = (self.kernel_axes[0], self.kernel_axes[n_in])
+        quantized_init = nn.with_logical_partitioning(quantized_init, axes_2d)
       return self.param("kernel", quantized_init, shape, self.param_dtype)
     kernel_init = self.kernel_init
     if self.kernel_axes:
@@ -109,7 +115,7 @@ class DenseGeneral(nn.Module):
   def _recipe(self) -> Recipe | None:
     return self.recipe if self.recipe is not None else context.get_recipe()
 
-  def _project(self, x2, kernel, dtype):
+  def _project(self, x2, kernel, dtype, out_sharding=None):
     recipe = self._recipe()
     if recipe is None and self.is_initializing() and context.get_quantized_init() is not None:
       recipe = context.get_quantized_init().recipe  # the state made at init follows it
@@ -122,7 +128,7 @@ class DenseGeneral(nn.Module):
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write)
     held = stored if (stored is not None and run_state is not stored) else None
     y, forward_state = _gemm.project(x2, kernel, recipe, run_state, held, dtype=dtype,
-                                     where=where)
+                                     where=where, out_sharding=out_sharding)
     if can_write and (replaced or run_state is stored):
       # Like BatchNorm's statistics, init stores the initial state without this batch.
       self.put_variable(col, _STATE_NAME, run_state if self.is_initializing() else forward_state)
