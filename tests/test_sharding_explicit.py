@@ -139,7 +139,7 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
     # gives the high-precision gradient.
     assert spec_of(g) == spec_of(primal if kind == "explicit" else hp_g), (g.sharding,
                                                                            hp_g.sharding)
-    if mode == "dp":  # each row's gradient is one device's, as on one device
+    if mode == "dp" and primal is xs:  # each row's gradient is one device's
       np.testing.assert_array_equal(bits(g), bits(want))
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(want, np.float32),
                                rtol=2e-2, atol=1e-2 * float(jnp.max(jnp.abs(want))))
@@ -151,3 +151,51 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
     assert kinds <= hp_kinds, (ops, hp_ops)
   else:  # below a block the blocked rows are gathered for the quantization along them
     assert set(kinds) <= set(hp_kinds) | {"all-gather"}, (ops, hp_ops)
+
+
+# ---------------------------------------------------------------------------------------
+# The sharding helpers, against what jax itself does.
+
+
+def test_need_replication_factors_follow_shardys_numbering():
+  # Shardy numbers factors by first appearance and needs special factors sorted by it.
+  rule = "d0 n0 (k1 b1) -> d0 s0 (k1 b1), d0 c0 (k1 b1), d0 n0 (k1 p1), d0 n0 k1"
+  assert mxjax.sharding.in_rule_order(["p1", "s0", "b1", "n0", "c0"], rule) == (
+      "n0", "b1", "s0", "c0", "p1")
+
+
+@pytest.mark.parametrize("spec", [P(), P("data"), P(None, "model"), P("data", "model"),
+                                  P(("model", "data"), None), P(None, None, ("data", "model"))],
+                         ids=str)
+def test_spec_over_mesh_decodes_any_mesh_sharding(spec):
+  mesh = make_mesh("auto")
+  decoded = mxjax.sharding.spec_over_mesh(NamedSharding(mesh, spec), mesh, 3)
+  assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
+  # The partitioner's own form (an HloSharding-backed jax.sharding.Sharding) decodes too.
+  x = put(jnp.zeros((8, 8, 8)), mesh, spec)
+  compiled = jax.jit(lambda x: x * 2).lower(x).compile()
+  decoded = mxjax.sharding.spec_over_mesh(compiled.input_shardings[0][0], mesh, 3)
+  assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
+
+
+@pytest.mark.parametrize("sizes,spec", [
+    ((8, 16, 256), ("data", None, None)),  # batch sharded, several rows per shard
+    ((2, 16, 256), ("data", "model", None)),  # one batch index per shard: both merge
+    ((8, 16, 256), ("data", "model", None)),  # several per shard: 'model' is gathered
+    ((1, 64, 256), (None, "data", None)),
+])
+def test_merge_then_split_dims_is_the_reshape_jax_does(sizes, spec):
+  mesh = make_mesh("explicit")
+  kept, merged = mxjax.sharding.merge_dims(spec[:2], sizes[:2], mesh)
+  x = np.arange(np.prod(sizes), dtype=np.float32).reshape(sizes)
+  with jax.set_mesh(mesh):
+    xs = put(x, mesh, P(*kept, spec[2]))
+    merge = lambda x: jnp.reshape(x, (sizes[0] * sizes[1], sizes[2]),  # noqa: E731
+                                  out_sharding=P(merged, None))
+    flat = jax.jit(merge)(xs)
+    ops = compiled_collectives(merge, xs)  # no data moves: each device keeps its rows
+  assert ops == [], ops
+  np.testing.assert_array_equal(flat, x.reshape(-1, sizes[2]))
+  if spec == ("data", "model", None) and sizes[0] == 8:
+    assert kept == ["data", None] and merged == "data"
+  assert mxjax.sharding.split_dim(merged, sizes[:2], mesh) == list(kept)
