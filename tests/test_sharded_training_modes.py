@@ -166,3 +166,18 @@ def test_quantized_kernels_keep_their_logical_axes_and_run_fsdp(kind):
   assert spec_of(got)[0] == "data"
   np.testing.assert_array_equal(bits(got), bits(want))
   np.testing.assert_allclose(grad_x, want_grad_x, rtol=1e-5, atol=1e-5)
+
+
+def test_nnx_linear_takes_out_sharding_like_flax_nnx_linear():
+  from flax import nnx
+  mesh = make_mesh("explicit")
+  x = jax.random.normal(jax.random.key(4), (64, 256))
+  model = mxjax.nnx.Linear(256, 128, rngs=nnx.Rngs(0))
+  with mxjax.autocast(recipe=MXFP8):
+    want = model(x)
+    with jax.set_mesh(mesh):  # TP-row: the contraction is sharded, as jnp.dot asks
+      model.kernel.set_value(jax.sharding.reshard(model.kernel.get_value(), P("model", None)))
+      xs = jax.device_put(x, P("data", "model"))
+      got = nnx.jit(lambda m, x: m(x, out_sharding=P("data", None)))(model, xs)
+  assert spec_of(got) == ("data", None)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
