@@ -101,7 +101,8 @@ def main(argv=None):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, grads
 
-  init_params = jax.device_get(model.init(jax.random.key(0), np.zeros((BATCH, DIM), np.float32))["params"])
+  init_params = jax.device_get(
+      model.init(jax.random.key(0), np.zeros((BATCH, DIM), np.float32))["params"])
   results = {}
   with jax.set_mesh(mesh):
     for mode in args.modes:

@@ -1,9 +1,9 @@
 """Block-scaled `dot_general` with a custom VJP: MX forward, MX gradients.
 
-Every product is canonicalized to `lhs [B, M, K] x rhs [B, K, N] -> [B, M, N]` (batch,
-free and contracting dims each flattened, in `lax.dot_general`'s output order; for the
-usual `x[..., K] . w[K, N]` that is only a reshape), so blocks always run along the
-flattened axis each product contracts:
+Every product is canonicalized to `lhs [*B, M, K] x rhs [*B, K, N] -> [*B, M, N]` (batch
+dims kept as they are, free and contracting dims each flattened, in `lax.dot_general`'s
+output order; for the usual `x[..., K] . w[K, N]` that is only a reshape), so blocks
+always run along the flattened axis each product contracts:
 
   forward   out   = q(lhs, K) . q(rhs, K)             fwd_format
   dgrad     dlhs  = q(g, N)   . q(rhs, N)             g in bwd_format, rhs in fwd_format
@@ -44,18 +44,22 @@ DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-  """How one operand maps to its canonical form: `[B, M, K]` for lhs, `[B, K, N]` for rhs."""
+  """How one operand maps to its canonical form: `[*B, M, K]` for lhs, `[*B, K, N]` for rhs.
+
+  Batch dims stay separate (merging two sharded ones would move data); the free and the
+  contracting dims are each merged into one."""
 
   shape: tuple[int, ...]
   batch: tuple[int, ...]
   free: tuple[int, ...]
   contract: tuple[int, ...]
-  contract_first: bool  # rhs: [B, K, N]
+  contract_first: bool  # rhs: [*B, K, N]
 
   @property
   def groups(self) -> tuple[tuple[int, ...], ...]:
+    """The operand's dims per canonical dim: each batch dim alone, then M / K or K / N."""
     middle = (self.contract, self.free) if self.contract_first else (self.free, self.contract)
-    return (self.batch, *middle)
+    return (*((d,) for d in self.batch), *middle)
 
   @property
   def perm(self) -> tuple[int, ...]:
@@ -63,18 +67,19 @@ class _Layout:
 
   @property
   def contract_axis(self) -> int:
-    """Where K sits in the canonical form (1 or 2); the free axis is the other one."""
-    return 1 if self.contract_first else 2
+    """Where K sits in the canonical form, from the end (-2 or -1); the free axis is the
+    other one."""
+    return -2 if self.contract_first else -1
 
   @property
   def free_axis(self) -> int:
-    return 3 - self.contract_axis
+    return -3 - self.contract_axis
 
   def sizes(self, dims) -> tuple[int, ...]:
     return tuple(self.shape[d] for d in dims)
 
   @property
-  def canonical_shape(self) -> tuple[int, int, int]:
+  def canonical_shape(self) -> tuple[int, ...]:
     return tuple(math.prod(self.sizes(g)) for g in self.groups)
 
   def to_canonical(self, x: jax.Array) -> jax.Array:
@@ -294,7 +299,7 @@ def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
   return dataclasses.replace(
       a, data=_merge_groups(jnp.transpose(a.data, layout.perm), lengths),
       scales=_merge_groups(jnp.transpose(a.scales, layout.perm), lengths),
-      axis_from_end=axis - 3)
+      axis_from_end=axis)
 
 
 def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bool):
@@ -315,17 +320,19 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
 
 
 def _product(a: MXArray, b: MXArray, contract: tuple[int, int], out_sharding=None) -> jax.Array:
-  """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated; sharded as
-  `out_sharding` (Explicit axes) where given."""
-  dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
+  """Exact product of two canonical MXArrays `[*B, X, Y]`, contracting the last-two-dims
+  position `contract` (0 or 1) of each, f32-accumulated; sharded as `out_sharding`
+  (Explicit axes) where given. -> `[*B, a's other dim, b's other dim]`."""
+  batch = tuple(range(a.ndim - 2))
+  dims = (((len(batch) + contract[0],), (len(batch) + contract[1],)), (batch, batch))
   return lax.dot_general(a.dequantize(jnp.float32), b.dequantize(jnp.float32), dims,
                          preferred_element_type=jnp.float32, out_sharding=out_sharding)
 
 
 def _out_groups(config: _DotConfig) -> list[tuple[int, ...]]:
-  """The output's dims in canonical groups: batch, lhs free, rhs free (their sizes)."""
-  return [config.lhs.sizes(config.lhs.batch), config.lhs.sizes(config.lhs.free),
-          config.rhs.sizes(config.rhs.free)]
+  """The output's dim sizes per canonical dim: each batch dim, lhs free, rhs free."""
+  return [*((n,) for n in config.lhs.sizes(config.lhs.batch)),
+          config.lhs.sizes(config.lhs.free), config.rhs.sizes(config.rhs.free)]
 
 
 def _reshard(x: jax.Array, named: NamedSharding | None) -> jax.Array:
@@ -343,7 +350,7 @@ def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
   groups = _out_groups(config)
   out_shape = sum(groups, ())
   out_sharding = _merged_sharding(config.out_sharding, out_shape, [len(g) for g in groups])
-  out = _product(lhs_k, rhs_k, (2, 1), out_sharding)  # [B, M, K] . [B, K, N] -> [B, M, N]
+  out = _product(lhs_k, rhs_k, (1, 0), out_sharding)  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
   out = _split_groups(out.astype(config.out_dtype), groups)
   return _reshard(out, config.out_sharding), (lhs_m, rhs_n)
 
@@ -355,18 +362,18 @@ def _mx_dot_fwd(config, lhs, rhs):
 
 def _mx_dot_bwd(config: _DotConfig, residuals, g):
   (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
-  g = _merge_groups(g, [len(group) for group in _out_groups(config)])  # [B, M, N]
+  g = _merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
   g_n, g_m = quantize_2x(g, config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).
   dlhs = lhs_zero
   if dlhs is None:
-    dlhs = _product(g_n, rhs_n, (2, 2), config.lhs.canonical_sharding(config.lhs_sharding))
+    dlhs = _product(g_n, rhs_n, (1, 1), config.lhs.canonical_sharding(config.lhs_sharding))
     dlhs = _reshard(config.lhs.from_canonical(dlhs).astype(config.lhs_dtype),
                     config.lhs_sharding)
   drhs = rhs_zero
   if drhs is None:
-    drhs = _product(lhs_m, g_m, (1, 1), config.rhs.canonical_sharding(config.rhs_sharding))
+    drhs = _product(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding))
     drhs = _reshard(config.rhs.from_canonical(drhs).astype(config.rhs_dtype),
                     config.rhs_sharding)
   return dlhs, drhs

@@ -199,3 +199,33 @@ def test_merge_then_split_dims_is_the_reshape_jax_does(sizes, spec):
   if spec == ("data", "model", None) and sizes[0] == 8:
     assert kept == ["data", None] and merged == "data"
   assert mxjax.sharding.split_dim(merged, sizes[:2], mesh) == list(kept)
+
+
+def test_einsum_and_dense_general_on_an_explicit_mesh():
+  mesh = make_mesh("explicit")
+  q = jax.random.normal(jax.random.key(5), (4, 64, 8, 32), jnp.bfloat16)
+  k = jax.random.normal(jax.random.key(6), (4, 64, 8, 32), jnp.bfloat16)
+  scores = lambda q, k: mxjax.einsum("bqhd,bkhd->bhqk", q, k)  # noqa: E731
+  loss = lambda q, k: jnp.sum(scores(q, k).astype(jnp.float32) ** 2)  # noqa: E731
+  want, want_grads = scores(q, k), jax.grad(loss, (0, 1))(q, k)
+  layer = mxjax.DenseGeneral(96, axis=(-2, -1))
+  x = jax.random.normal(jax.random.key(7), (8, 4, 64))
+  params = layer.init(jax.random.key(0), x)
+  with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
+    want_y = layer.apply(params, x)
+    with jax.set_mesh(mesh):
+      spec = P("data", None, "model", None)  # batch and heads sharded
+      qs, ks = put(q, mesh, spec), put(k, mesh, spec)
+      got = jax.jit(scores)(qs, ks)
+      hp = jax.jit(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k))(qs, ks)
+      grads = jax.jit(jax.grad(loss, (0, 1)))(qs, ks)
+      ops = compiled_collectives(jax.grad(loss, (0, 1)), qs, ks)
+      y = jax.jit(layer.apply)(params, put(x, mesh, P("data", None, None)))
+  assert spec_of(got) == spec_of(hp) == ("data", "model", None, None)
+  np.testing.assert_array_equal(bits(got), bits(want))
+  for g, w in zip(grads, want_grads):
+    assert spec_of(g) == padded(spec, 4)
+    np.testing.assert_array_equal(bits(g), bits(w))  # each (b, h) slice on one device
+  assert ops == [], ops  # batch and heads are independent: nothing to communicate
+  assert spec_of(y) == ("data", None)
+  np.testing.assert_allclose(y, want_y, rtol=1e-6, atol=1e-6)
