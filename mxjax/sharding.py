@@ -146,18 +146,16 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
       pair_spec[a] = None
     pair_specs.append(PartitionSpec(*pair_spec))
 
-  # Every axis not yet manual turns manual (the call then runs as it is on each shard):
-  # the operand is replicated over those its spec does not name.
-  manual = {name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-            if kind != jax.sharding.AxisType.Manual}
-
   def sharded_call(pspec, n_results):
+    """The kernel call per shard of the operands resharded to `pspec`; the axes `pspec`
+    names turn manual, the operands are replicated over the others (by their types)."""
     operands = [jax.sharding.reshard(a, pspec) for a in args]
-    if all(entry is None for entry in pspec):
+    names = {name for entry in pspec for name in _names(entry)}
+    if not names:
       return op(*operands)
-    return jax.shard_map(op, mesh=mesh, in_specs=(pspec,) * len(args),
+    return jax.shard_map(call, mesh=mesh, in_specs=(pspec,) * len(args),
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
-                         axis_names=manual)(*operands)
+                         axis_names=names)(*operands)
 
   if dequantize:
     return sharded_call(pair_specs[0], None)

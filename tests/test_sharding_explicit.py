@@ -229,3 +229,23 @@ def test_einsum_and_dense_general_on_an_explicit_mesh():
   assert ops == [], ops  # batch and heads are independent: nothing to communicate
   assert spec_of(y) == ("data", None)
   np.testing.assert_allclose(y, want_y, rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_over_a_sharded_batch_on_an_explicit_mesh():
+  mesh = make_mesh("explicit")
+  x = jax.random.normal(jax.random.key(8), (4, 64, 256))
+  w = jax.random.normal(jax.random.key(9), (256, 128))
+  want = jax.vmap(mxjax.quantize)(x)
+  want_y = jax.vmap(lambda x: mxjax.matmul(x, w))(x)
+  with jax.set_mesh(mesh):
+    xs = put(x, mesh, P("data", None, "model"))
+    ws = put(w, mesh, P("model", None))
+    got = jax.jit(jax.vmap(mxjax.quantize))(xs)
+    y = jax.jit(jax.vmap(lambda x: mxjax.matmul(x, ws, out_sharding=P(None, None))))(xs)
+    ops = compiled_collectives(jax.vmap(mxjax.quantize), xs)
+  assert spec_of(got.data) == spec_of(got.scales) == ("data", None, "model")
+  np.testing.assert_array_equal(bits(got.data), bits(want.data))
+  np.testing.assert_array_equal(bits(got.scales), bits(want.scales))
+  assert ops == []
+  assert spec_of(y) == ("data", None, None)
+  np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-4)
