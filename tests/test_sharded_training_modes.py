@@ -124,8 +124,9 @@ def test_train_step_matches_one_device_with_the_high_precision_collectives(kind,
     assert kinds <= hp_kinds, (ops, hp_ops)
   elif batch > 2:
     # Auto TP-row: the partitioner all-reduces where the high-precision step has
-    # all-to-alls. Explicit FSDP: XLA reshards the two quantized copies of a weight shard
-    # with one collective-permute more than the one high-precision weight (known gap).
+    # all-to-alls. Explicit FSDP: the forward and the dgrad use two quantizations of the
+    # weight shard (along K, along N), each resharded for its product, where the
+    # high-precision step reshards its one weight once: one collective-permute more.
     assert set(kinds) <= set(hp_kinds) and kinds["all-gather"] <= hp_kinds["all-gather"], (
         ops, hp_ops)
   else:  # a row per device: the rows are gathered for the quantization along them
