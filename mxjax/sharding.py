@@ -6,9 +6,14 @@
   rule in which a blocked axis of length `n = nb * B` is the compound factor `(nb B)`: its
   outer factor carries the shards of the input, the packed data and the scales alike, so
   each device quantizes its own whole blocks. Every other axis passes through unchanged.
+  The partition callback reads the partitioner's shardings through public `Sharding`
+  methods only (`shard_shape`, `is_equivalent_to`).
 - Explicit axes (the sharding is in the operand's type, under `jax.set_mesh`): the call
-  runs under `jax.shard_map` over the axes the operand is sharded on, with specs read from
-  its type, so the results carry the operand's sharding in their types.
+  runs under `jax.shard_map` over the axes the operand's type names, with specs read from
+  it, so the results carry the operand's sharding in their types (also under `vmap`).
+
+`merge_dims` / `split_dim` say how a reshape that merges or splits dims keeps their
+shards in place; `mxjax.dot` uses them for its canonical form.
 
 A blocked axis that cannot be split into whole blocks per shard (its length is not a
 multiple of the block, or the shards would cut a block) is gathered: the rule marks it as
