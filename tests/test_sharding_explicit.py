@@ -249,3 +249,16 @@ def test_vmap_over_a_sharded_batch_on_an_explicit_mesh():
   assert ops == []
   assert spec_of(y) == ("data", None, None)
   np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-4)
+
+
+def test_out_sharding_errors_name_what_was_wrong():
+  x, w = jnp.ones((64, 256)), jnp.ones((256, 128))
+  with pytest.raises(TypeError, match="out_sharding must be a NamedSharding or a PartitionSpec"):
+    mxjax.matmul(x, w, out_sharding=("data", None))
+  with pytest.raises(ValueError, match="needs a mesh set with jax.set_mesh"):
+    mxjax.matmul(x, w, out_sharding=P("data", None))
+  layer = mxjax.DenseGeneral((4, 32))
+  params = layer.init(jax.random.key(0), x)
+  with jax.set_mesh(make_mesh("explicit")):
+    with pytest.raises(ValueError, match="shards a feature dim"):
+      layer.apply(params, x, out_sharding=P(None, "model", None))
