@@ -10,6 +10,7 @@ from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x
 from mxjax.dot import dot_general, matmul
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax.recipes import MXBlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
