@@ -6,11 +6,11 @@ import jax
 
 from mxjax import _ffi
 
-# The product path of mxjax.dot_general on every backend today: exactly dequantized bf16
+# The product path of mxjax.dot_general on every backend today: exactly dequantized f32
 # operands into XLA's dot with f32 accumulation. The cuBLASLt block-scaled MXFP8 GEMM
 # target (`mxjax_mx_gemm`, Blackwell only) is built with CUDA but not yet used by the dot:
 # it has not run on a Blackwell GPU.
-_DOT_PATH = "dequantize to bf16 (exact) + XLA dot, f32 accumulation"
+_DOT_PATH = "dequantize to f32 (exact) + XLA dot, f32 accumulation"
 
 
 def backend_info(device: jax.Device | None = None) -> dict:

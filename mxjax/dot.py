@@ -15,9 +15,11 @@ quantized copies the backward needs. The quantizers are straight-through: the gr
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
-On CPU a product of quantized operands is computed exactly: each operand is dequantized
-to bfloat16 (MX element values times a power of two are exact there) and XLA's dot
-accumulates in float32.
+A product of quantized operands is computed exactly: each operand is dequantized to
+float32 (MX element values times a power of two are exact there) and XLA's dot
+accumulates in float32. (bfloat16 operands would be exact too, but XLA's CPU runtime
+rejects a bf16 x bf16 -> f32 dot in the layouts its simplifier makes when the result is
+transposed: "Unsupported element type for DotThunk::Execute".)
 """
 
 from __future__ import annotations
@@ -225,7 +227,7 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
 def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
   """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated."""
   dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
-  return lax.dot_general(a.dequantize(jnp.bfloat16), b.dequantize(jnp.bfloat16), dims,
+  return lax.dot_general(a.dequantize(jnp.float32), b.dequantize(jnp.float32), dims,
                          preferred_element_type=jnp.float32)
 
 
