@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mxjax import linen as mxl
+from mxjax import rules as rules_lib
 from mxjax.context import autocast
 from mxjax.quantize import fake_quantize
 from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
@@ -111,6 +112,27 @@ def test_jaxpr_quantizes_every_gemm_under_autocast(tiny):
   rowwise_only = len(re.findall(r"target_name=mxjax_quantize\b", quantized))
   assert rowwise_only >= 2 * gemms and "mxjax_quantize_2x" not in quantized
   assert trained.count("target_name=mxjax_quantize_2x") >= 2 * gemms
+
+
+@pytest.mark.parametrize("tier, reached", [
+    ("all", ["block_0/qkv/dense", "block_0/out", "block_0/mlp/wi", "block_0/mlp/wo",
+             "lm_head/dense"]),
+    ("no_ends", ["block_0/out", "block_0/mlp/wi", "block_0/mlp/wo"]),
+    ("mlp_only", ["block_0/mlp/wi", "block_0/mlp/wo"])])
+def test_tier_reaches_the_gemms_its_rules_name(tiny, tier, reached):
+  """A tier's rules pick the GEMMs the recipe quantizes (inference: input and kernel, one
+  quantize each) and the kernels a weight-only row quantizes."""
+  lm, params = tiny
+  tokens = jnp.zeros((2, 32), jnp.int32)
+  rules = rules_lib.preset(tier, mxl.gemm_paths(lm, tokens))
+  gemm = train.Treatment(MXFP8BlockScaling(), rules=rules)
+  with gemm.context():
+    text = str(jax.make_jaxpr(lambda p: lm.apply({"params": p}, tokens))(params))
+  assert len(re.findall(r"target_name=mxjax_quantize\b", text)) == 2 * len(reached)
+  weights = train.Treatment(weight_quantizer=jnp.zeros_like, rules=rules).weights(params)
+  zeroed = [model_lib.layer_path(p) for p, w in model_lib.kernels(weights).items()
+            if not np.any(w)]
+  assert sorted(zeroed) == sorted(reached)
 
 
 def test_map_kernels_only_touches_kernels(tiny):
@@ -278,14 +300,13 @@ SMOKE_FORMATS = ["--formats", "bf16,fp4_e2m1,fp8_delayed,int8", "--seeds", "2"]
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("sweep")
-  return out, cli.main(SMOKE + SMOKE_FORMATS + ["--out", str(out)])
+  rc = cli.main(SMOKE + SMOKE_FORMATS + ["--out", str(out)])
+  return out, rc, json.loads((out / "results.json").read_text())
 
 
 def test_cli_train_smoke(smoke_run, capsys):
-  out, rc = smoke_run
+  out, rc, results = smoke_run
   assert rc == 0
-  with open(out / "results.json") as f:
-    results = json.load(f)
   rows = results["rows"]
   assert [(r["format"], r["given"], r["quantized"]) for r in rows] == [
       ("bf16", "bf16", "-"), ("mxfp4_e2m1", "fp4_e2m1", "fwd+bwd"),
@@ -317,8 +338,8 @@ def test_cli_train_smoke(smoke_run, capsys):
 
 
 def test_cli_ptq_reuses_the_checkpoint(smoke_run, capsys):
-  out, _ = smoke_run
-  train_rows = json.loads((out / "results.json").read_text())["rows"]
+  out, _, train_results = smoke_run
+  train_rows = train_results["rows"]
   capsys.readouterr()
   assert cli.main(SMOKE + SMOKE_FORMATS + ["--out", str(out), "--mode", "ptq"]) == 0
   captured = capsys.readouterr()
@@ -334,9 +355,26 @@ def test_cli_ptq_reuses_the_checkpoint(smoke_run, capsys):
   assert os.path.isfile(out / "loss_curves.png")
 
 
+def test_cli_tier_keeps_the_ends_in_bf16(smoke_run, tmp_path):
+  """--tier no_ends: the baseline is untouched, the quantized row changes (fewer GEMMs in
+  MXFP4), and results.json names the GEMMs kept in bf16."""
+  out, _, full = smoke_run
+  assert full["tier"]["name"] == "all" and not full["tier"]["high_precision"]
+  flags = SMOKE + ["--formats", "bf16,fp4_e2m1", "--tier", "no_ends", "--out", str(tmp_path)]
+  assert cli.main(flags) == 0
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["tier"]["high_precision"] == ["block_0/qkv/dense", "lm_head/dense"]
+  assert results["tier"]["quantized"] == ["block_0/out", "block_0/mlp/wi", "block_0/mlp/wo"]
+  train_bf16 = json.loads((out / "bf16_checkpoint" / "seed_0" / "meta.json").read_text())
+  assert results["rows"][0]["runs"][0]["curve"] == train_bf16["curve"]
+  tiered, everything = results["rows"][1]["runs"][0], full["rows"][1]["runs"][0]
+  assert tiered["val_loss"] != everything["val_loss"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--formats", "bf16,fp7"], "unknown format(s) 'fp7'"),
     (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--tier", "mlp"], "argument --tier: invalid choice: 'mlp'"),
     (["--steps", "x"], "invalid int value: 'x'"),
     (["--out", "{file}/out"], "is not a writable directory"),
     (["--out", "{file}"], "is not a writable directory"),

@@ -22,6 +22,10 @@ Formats (any spelling: the MX evaluation harnesses' fp8_e4m3, mxjax's e4m3, mxfp
   int8_weight                 INT8 weights, one scale per output channel, bf16 GEMMs
 Rows show the canonical (first) name; results.json also records the name given.
 
+--tier picks which GEMMs a row quantizes (mxjax.rules presets, applied with
+mxjax.linen.intercept; weight-only rows quantize the same kernels): all; no_ends (the
+first and last GEMM and the LM head stay bf16); mlp_only (only the MLPs' GEMMs).
+
 Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png.
 With --seeds N every row runs under N seeds (init and data order; the corpus stays the
 one --seed draws): the table gives mean ± std of the validation loss and of Δ (each
@@ -61,6 +65,8 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
+from mxjax import linen as mxl
+from mxjax import rules as rules_lib
 from mxjax.sweep import checkpoint, corpus, formats, report, train
 from mxjax.sweep import model as model_lib
 
@@ -84,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
                  "the baseline; see above for all names)")
   p.add_argument("--mode", choices=("train", "ptq"), default="train",
                  help="train: QAT per format; ptq: quantize the trained bf16 model")
+  p.add_argument("--tier", choices=rules_lib.PRESETS, default="all",
+                 help="which GEMMs are quantized: all; no_ends (not the first and last GEMM "
+                 "nor the LM head); mlp_only (mxjax.rules presets)")
   p.add_argument("--seeds", type=int, default=1,
                  help="seeds per row (--seed, --seed + 1, ...): mean ± std and significance")
   p.add_argument("--steps", type=int, default=200, help="training steps per run")
@@ -124,6 +133,7 @@ class _Sweep:
   train_config: train.TrainConfig
   params0: dict[int, Any]  # seed -> initial params
   val: list
+  rules: tuple = ()  # the tier's layer rules
 
   @property
   def seeds(self) -> list[int]:
@@ -141,13 +151,14 @@ class _Sweep:
     kernels instead."""
     a = self.args
     if f.kind == "weight_only":
-      return train.Treatment(weight_quantizer=f.weight_quantizer(a.block_size, a.scale_mode))
-    return train.Treatment(recipe=f.recipe(a.block_size, a.scale_mode))
+      return self.weights_treatment(f)
+    return train.Treatment(recipe=f.recipe(a.block_size, a.scale_mode), rules=self.rules)
 
   def weights_treatment(self, f: formats.SweepFormat) -> train.Treatment:
     """PTQ weights only: the kernels quantize-dequantized as the row stores them."""
     a = self.args
-    return train.Treatment(weight_quantizer=f.weight_quantizer(a.block_size, a.scale_mode))
+    return train.Treatment(weight_quantizer=f.weight_quantizer(a.block_size, a.scale_mode),
+                           rules=self.rules)
 
   def row(self, f: formats.SweepFormat, quantized: str) -> report.Row:
     return report.Row(f.name, quantized, f.bytes_per_param(self.args.block_size), f.given)
@@ -266,13 +277,21 @@ def main(argv=None) -> int:
                                  max_len=args.seq_len)
   lm = model_lib.LanguageModel(config, dtype=jnp.bfloat16)
   seeds = [args.seed + i for i in range(args.seeds)]
+  layers = mxl.gemm_paths(lm, jnp.zeros((1, args.seq_len), jnp.int32))
   s = _Sweep(args, sweep_formats, data, config, lm,
              train.TrainConfig(steps=args.steps, learning_rate=args.lr, seed=args.seed),
              {seed: train.init_params(lm, seed, args.seq_len) for seed in seeds},
-             corpus.eval_batches(data.val, args.batch_size, args.seq_len, args.eval_batches))
+             corpus.eval_batches(data.val, args.batch_size, args.seq_len, args.eval_batches),
+             rules_lib.preset(args.tier, layers))
+  reached = train.Treatment(rules=s.rules).quantizes
+  tier = dict(name=args.tier, quantized=[p for p in layers if reached(p)],
+              high_precision=[p for p in layers if not reached(p)])
   total, in_kernels = model_lib.count_params(s.params0[args.seed])
   _log(f"mxjax-sweep: mode={args.mode} formats={','.join(f.name for f in sweep_formats)} "
-       f"seeds={seeds} scale_mode={args.scale_mode} block={args.block_size}")
+       f"seeds={seeds} tier={args.tier} scale_mode={args.scale_mode} block={args.block_size}")
+  _log(f"tier {args.tier}: {len(tier['quantized'])} of {len(layers)} GEMMs quantized"
+       + (f"; high precision: {', '.join(tier['high_precision'])}"
+          if tier["high_precision"] else ""))
   _log(f"corpus: {data.summary()}")
   _log(f"model: {config} ({total:,} params, {in_kernels:,} in MX-quantizable GEMM kernels)")
 
@@ -283,12 +302,13 @@ def main(argv=None) -> int:
   title = (f"mxjax-sweep {args.mode}: d_model {args.d_model}, {args.layers} layers, "
            f"seq {args.seq_len}, batch {args.batch_size}, {args.steps} steps, "
            f"{args.scale_mode}, block {args.block_size}"
+           + (f", tier {args.tier}" if args.tier != "all" else "")
            + (f", {args.seeds} seeds (mean ± std)" if args.seeds > 1 else ""))
-  meta = dict(mode=args.mode, seeds=seeds, args=vars(args), model=dataclasses.asdict(config),
-              train=dataclasses.asdict(s.train_config), corpus=dict(
-                  root=data.root, train_files=list(data.train_files),
-                  val_files=list(data.val_files), train_bytes=int(data.train.size),
-                  val_bytes=int(data.val.size)),
+  meta = dict(mode=args.mode, seeds=seeds, tier=tier, args=vars(args),
+              model=dataclasses.asdict(config), train=dataclasses.asdict(s.train_config),
+              corpus=dict(root=data.root, train_files=list(data.train_files),
+                          val_files=list(data.val_files), train_bytes=int(data.train.size),
+                          val_bytes=int(data.val.size)),
               params=dict(total=total, in_kernels=in_kernels), seconds=seconds,
               environment=_environment())
   png_path = report.plot(args.out, rows, args.mode, title)

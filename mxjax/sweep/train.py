@@ -20,6 +20,7 @@ import optax
 from tqdm.auto import tqdm
 
 from mxjax import linen as mxl
+from mxjax import rules as rules_lib
 from mxjax import state as state_lib
 from mxjax.context import autocast
 from mxjax.recipes import Recipe
@@ -104,21 +105,20 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 @dataclasses.dataclass(frozen=True)
 class Treatment:
-  """How one row computes: its GEMMs' recipe and rules, and its weights' quantizer.
+  """How one row computes: its GEMMs' recipe, which GEMMs it reaches, its weights.
 
   Attributes:
     recipe: the autocast recipe; None: GEMMs in the model's dtype.
     weight_quantizer: `w [K, N] -> quantize-dequantize of w` (straight-through gradient)
       applied to the kernels before every forward pass (weight-only rows), or None.
-    rules: `(regex, recipe | None)` GEMM rules applied with `mxjax.linen.intercept`
-      (a tier); () applies `recipe` to every GEMM.
-    quantized_layer: `layer path -> bool`: which kernels `weight_quantizer` maps.
+    rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
+      first matching rule says None stays in high precision, for the recipe (applied with
+      `mxjax.linen.intercept`) and for `weight_quantizer` alike; () reaches every GEMM.
   """
 
   recipe: Recipe | None = None
   weight_quantizer: Callable | None = None
   rules: tuple = ()
-  quantized_layer: Callable[[str], bool] | None = None
 
   @contextlib.contextmanager
   def context(self):
@@ -129,11 +129,16 @@ class Treatment:
         stack.enter_context(mxl.intercept(self.rules))
       yield
 
+  def quantizes(self, layer: str) -> bool:
+    """Whether the rules leave the GEMM layer at path `layer` to the row's quantization."""
+    rule = rules_lib.match(self.rules, layer)
+    return rule is None or rule[1] is not None
+
   def weights(self, params):
     """The params the forward pass uses (kernels quantized for weight-only rows)."""
     if self.weight_quantizer is None:
       return params
-    return model_lib.map_kernels(params, self.weight_quantizer, self.quantized_layer)
+    return model_lib.map_kernels(params, self.weight_quantizer, self.quantizes)
 
 
 class Runner:
