@@ -1,16 +1,19 @@
 """mxjax-sweep: train and evaluate a small byte-level LM in every MX format.
 
-The corpus is the Python standard library's own .py files (no download). Every run
-starts from the same initial params and sees the same batches; the bf16 baseline runs in
-the same invocation, and every other row is compared with it.
+The corpus is the Python standard library's own .py files (no download). Every run of a
+seed starts from that seed's initial params and sees its batches; the bf16 baseline runs
+in the same invocation, and every other row is compared with it.
 
 Modes:
-  train  quantization-aware training: one run per format, every linear layer's GEMMs
-         (forward and gradients) under the format's recipe; validation under it too.
-  ptq    post-training quantization of the bf16 model (loaded from OUT/bf16_checkpoint
-         when it was made with the same settings, else trained and saved): evaluated with
-         its weights fake-quantized (weights) and with weights and activations quantized
-         by the recipe (weights+acts).
+  train  quantization-aware training: one run per format and seed, every linear layer's
+         GEMMs (forward and gradients; those --tier picks) under the format's recipe, or,
+         for int8_weight, the GEMMs in bf16 on quantized weights (straight-through
+         gradient); validation the same way.
+  ptq    post-training quantization of the bf16 model (loaded from
+         OUT/bf16_checkpoint/seed_S when it was made with the same settings, else trained
+         and saved): evaluated with its weights quantized as the format stores them
+         (weights) and with weights and activations quantized by the recipe
+         (weights+acts; fp8_delayed first fills its amax history from 8 training batches).
 
 Formats (any spelling: the MX evaluation harnesses' fp8_e4m3, mxjax's e4m3, mxfp8_e4m3):
   bf16                        the baseline (always run)
