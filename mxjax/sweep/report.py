@@ -206,8 +206,9 @@ def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
 
   train mode: the (smoothed) mean training loss of every format, shaded between the
   seeds' lowest and highest, and the validation loss at the last step (error bar: ±1
-  std over the seeds). ptq mode: the baseline's training curve, and a bar chart of the
-  validation loss per format and what was quantized (error bars: ±1 std).
+  std over the seeds); next to it each row's Δ val loss (bar: mean, whiskers: ±2
+  standard errors, dots: the seeds). ptq mode: the baseline's training curve, and a bar
+  chart of the validation loss per format and what was quantized (error bars: ±1 std).
   """
   import matplotlib
   matplotlib.use("Agg")
@@ -216,8 +217,9 @@ def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   path = os.path.join(out_dir, PLOT_PNG)
   curved = [r for r in rows if r.curve]
   if mode == "train":
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), width_ratios=(3, 2))
     _curves(ax, curved)
+    _deltas(bx, [r for r in rows if r.quantized != "-"])
   else:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     _curves(ax, curved)
@@ -263,6 +265,26 @@ def _curves(ax, rows: Sequence[Row]) -> None:
                                             if seeds > 1 else "") + "); dots: validation loss")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+
+
+def _deltas(ax, rows: Sequence[Row]) -> None:
+  xs = np.arange(len(rows))
+  means = [r.delta_pct if r.delta_pct is not None else np.nan for r in rows]
+  whiskers = [2 * (r.delta_pct_se or 0.0) for r in rows]
+  colors = [f"C{(i + 1) % 10}" for i in range(len(rows))]
+  ax.bar(xs, means, 0.6, yerr=whiskers if any(whiskers) else None, capsize=4, color=colors,
+         alpha=0.6)
+  for x, r, c in zip(xs, rows, colors):
+    seeds = [run.delta_pct for run in r.runs if run.delta_pct is not None]
+    ax.plot([x] * len(seeds), seeds, "o", color=c, markersize=4)
+    mark = {True: " *", False: "", None: ""}[r.significant]
+    ax.annotate(f"{r.delta_pct:+.2f}%{mark}", (x, 0), textcoords="offset points",
+                xytext=(0, 4), ha="center", fontsize=8)
+  ax.axhline(0.0, color="C0", linewidth=1)
+  ax.set_xticks(xs, [r.format for r in rows], rotation=20)
+  ax.set_ylabel("Δ validation loss vs bf16 (%)")
+  ax.set_title("Δ: mean (bar), ±2 SE (whiskers), seeds (dots); * beyond 2 SE", fontsize=9)
+  ax.grid(alpha=0.3, axis="y")
 
 
 def _bars(ax, rows: Sequence[Row]) -> None:
