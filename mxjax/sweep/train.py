@@ -144,36 +144,42 @@ class Treatment:
 class Runner:
   """Training, calibration and evaluation of one treatment, each jitted once for all seeds.
 
-  The model's recipe state (the "mx_state" collection: amax histories under
-  DelayedScaling, empty otherwise) is carried next to the params and advanced as
-  `mxjax.state` describes (the gradient of the state is the next state).
+  Under a stateful recipe (DelayedScaling) the model's recipe state (the "mx_state"
+  collection of amax histories) is carried next to the params and advanced as
+  `mxjax.state` describes (the gradient of the state is the next state); otherwise the
+  state is an empty dict.
   """
 
   def __init__(self, model: model_lib.LanguageModel, config: TrainConfig,
                treatment: Treatment, seq_len: int):
     self.model, self.config, self.treatment = model, config, treatment
     self.tx = optimizer(config)
-    with treatment.context():
-      self.state0 = jax.jit(lambda key: model.init(key, jnp.zeros((1, seq_len), jnp.int32))[
-          state_lib.STATE_COLLECTION])(jax.random.key(0))
+    self.stateful = treatment.recipe is not None and treatment.recipe.stateful()
+    self.state0 = {}
+    if self.stateful:
+      tokens = jnp.zeros((1, seq_len), jnp.int32)
+      with treatment.context():
+        self.state0 = jax.jit(lambda key: model.init(key, tokens)[
+            state_lib.STATE_COLLECTION])(jax.random.key(0))
     self._step = jax.jit(self._step_impl)
-    self._forward = jax.jit(self._forward_impl)
+    self._forward = jax.jit(self._apply)
 
   def _apply(self, params, state, batch):
-    variables = {"params": self.treatment.weights(params), state_lib.STATE_COLLECTION: state}
-    logits, mutated = self.model.apply(variables, batch[:, :-1],
-                                       mutable=[state_lib.STATE_COLLECTION])
+    """(loss, state after the forward) of `batch` int32[B, T + 1]."""
+    params = self.treatment.weights(params)
+    if not self.stateful:
+      return cross_entropy(self.model.apply({"params": params}, batch[:, :-1]), batch), state
+    logits, mutated = self.model.apply(
+        {"params": params, state_lib.STATE_COLLECTION: state}, batch[:, :-1],
+        mutable=[state_lib.STATE_COLLECTION])
     return cross_entropy(logits, batch), mutated[state_lib.STATE_COLLECTION]
 
   def _step_impl(self, params, state, opt_state, batch):
     (loss, mutated), (g_params, g_state) = jax.value_and_grad(
         self._apply, argnums=(0, 1), has_aux=True)(params, state, batch)
     updates, opt_state = self.tx.update(g_params, opt_state, params)
-    return (optax.apply_updates(params, updates), state_lib.next_state(g_state, mutated),
-            opt_state, loss)
-
-  def _forward_impl(self, params, state, batch):
-    return self._apply(params, state, batch)
+    next_state = state_lib.next_state(g_state, mutated) if self.stateful else state
+    return optax.apply_updates(params, updates), next_state, opt_state, loss
 
   def train(self, params, batches: Iterator[np.ndarray], desc: str = "train",
             progress: bool = True):
@@ -208,7 +214,7 @@ class Runner:
     """The recipe state after `count` forward passes over `batches` (PTQ under a stateful
     recipe: the amax histories filled from data); the initial state for stateless ones."""
     state = self.state0
-    if self.treatment.recipe is None or not self.treatment.recipe.stateful():
+    if not self.stateful:
       return state
     with self.treatment.context():
       for _ in range(count):
