@@ -186,6 +186,22 @@ def test_mx_block_scaling_drives_linen_and_nnx_gemms():
     np.testing.assert_array_equal(linear(X), y)
 
 
+def test_mx_block_scaling_through_intercept_of_a_stock_dense():
+  """A stock nn.Dense inside mxjax.linen.intercept runs the general recipe as mxjax's own
+  Dense does (same kernel, same products)."""
+  recipe = MXBlockScaling("e5m2", "e3m2")
+  stock = nn.Dense(32, use_bias=False, dtype=jnp.float32)
+  params = stock.init(jax.random.key(0), X)
+  own = mxl.Dense(32, use_bias=False, dtype=jnp.float32)
+  with mxjax.autocast(recipe=recipe):
+    expected = own.apply(params, X)
+    with mxjax.linen.intercept():
+      np.testing.assert_array_equal(stock.apply(params, X), expected)
+  w = params["params"]["kernel"]
+  oracle = _oracle_fake_quantize(X, "e5m2", 1) @ _oracle_fake_quantize(w, "e5m2", 0)
+  np.testing.assert_allclose(expected, oracle, rtol=1e-5, atol=1e-5)
+
+
 class _Net(nn.Module):
 
   @nn.compact
