@@ -11,6 +11,7 @@ from mxjax.dot import dot_general, matmul
 from mxjax.einsum import einsum
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax.recipes import MXBlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
