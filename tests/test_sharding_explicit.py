@@ -262,3 +262,53 @@ def test_out_sharding_errors_name_what_was_wrong():
   with jax.set_mesh(make_mesh("explicit")):
     with pytest.raises(ValueError, match="shards a feature dim"):
       layer.apply(params, x, out_sharding=P(None, "model", None))
+
+
+def test_einsum_out_sharding_when_the_contraction_is_sharded():
+  """As with jnp.einsum, a sharded contraction on an Explicit mesh needs out_sharding; the
+  result has it (given in the einsum's own output order, not the product's)."""
+  mesh = make_mesh("explicit")
+  a = jax.random.normal(jax.random.key(10), (64, 256))  # [m, k]
+  b = jax.random.normal(jax.random.key(11), (256, 32))  # [k, n]
+  want = mxjax.einsum("mk,kn->nm", a, b)
+  with jax.set_mesh(mesh):
+    a_s, b_s = put(a, mesh, P("data", "model")), put(b, mesh, P("model", None))
+    got = jax.jit(lambda a, b: mxjax.einsum("mk,kn->nm", a, b,
+                                            out_sharding=P(None, "data")))(a_s, b_s)
+    hp = jax.jit(lambda a, b: jnp.einsum("mk,kn->nm", a, b,
+                                         out_sharding=P(None, "data")))(a_s, b_s)
+  assert spec_of(got) == spec_of(hp) == (None, "data")
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+  with pytest.raises(TypeError, match="out_sharding must be a NamedSharding"):
+    mxjax.einsum("mk,kn->nm", a, b, out_sharding="data")
+
+
+def test_stock_flax_layers_through_mxjax_on_an_explicit_mesh():
+  """linen interception and nnx.quantize on stock layers: the output keeps the high-
+  precision layer's sharding (data parallel), and a sharded contraction takes the
+  layer's out_sharding (NNX), with the values of one device."""
+  import flax.linen as nn  # noqa: PLC0415
+  from flax import nnx  # noqa: PLC0415
+  mesh = make_mesh("explicit")
+  recipe = mxjax.MXFP8BlockScaling()
+  x = jax.random.normal(jax.random.key(12), (16, 256))
+  dense = nn.Dense(64)
+  params = dense.init(jax.random.key(0), x)
+  linear = mxjax.nnx.quantize(nnx.Linear(256, 64, rngs=nnx.Rngs(0)))
+  with mxjax.autocast(recipe=recipe):
+    with mxjax.linen.intercept():
+      want = dense.apply(params, x)
+    want_nnx = linear(x)
+    with jax.set_mesh(mesh):
+      xs = put(x, mesh, P("data", None))
+      with mxjax.linen.intercept():
+        got = jax.jit(dense.apply)(params, xs)
+      hp = jax.jit(dense.apply)(params, xs)
+      xk = put(x, mesh, P(None, "model"))  # the contraction sharded
+      linear.kernel.set_value(put(linear.kernel.get_value(), mesh, P("model", None)))
+      got_nnx = nnx.jit(lambda m, x: m(x, out_sharding=P("data", None)))(linear, xk)
+  assert spec_of(got) == spec_of(hp) == ("data", None)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert not bool(jnp.all(got == hp))  # it is the MX product
+  assert spec_of(got_nnx) == ("data", None)
+  np.testing.assert_allclose(got_nnx, want_nnx, rtol=1e-5, atol=1e-4)
