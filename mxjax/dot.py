@@ -15,9 +15,12 @@ quantized copies the backward needs. The quantizers are straight-through: the gr
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
-On CPU a product of quantized operands is computed exactly: each operand is dequantized
-to bfloat16 (MX element values times a power of two are exact there) and XLA's dot
-accumulates in float32.
+Each operand is dequantized to bfloat16 and XLA's dot accumulates in float32. Every
+product of two dequantized elements is exact while both are at least 2^-126 (the
+smallest normal f32); below that an element may be lost (bf16 holds nothing below
+2^-133, and XLA's CPU flushes f32 subnormals), which only happens in blocks whose scale
+is near 2^-127. So |out - exact| <= the sum of |a_k b_k| over such elements, plus f32
+accumulation rounding (tests/test_dot_vs_oracle.py).
 """
 
 from __future__ import annotations
