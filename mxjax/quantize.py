@@ -255,8 +255,21 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
   dtype = jnp.dtype(dtype)
   if dtype not in formats.HIGH_PRECISION_DTYPES:
     raise TypeError(f"dequantize produces bfloat16, float16 or float32, not {dtype.name}")
+  _check_storage(a)
   op = _dequantize_op(a.element_format, a.block_size, a.axis, a.length, dtype)
   return op(a.data, a.scales)
+
+
+def _check_storage(a: MXArray) -> None:
+  """The data and scales of `a` have the shapes its format, block and length imply."""
+  fmt = a.element_format
+  want = _quantized_types(jax.ShapeDtypeStruct(a.shape, a.dtype), fmt, a.block_size, a.axis)
+  for name, got, spec in (("data", a.data, want[0]), ("scales", a.scales, want[1])):
+    if tuple(got.shape) != spec.shape or jnp.dtype(got.dtype) != spec.dtype:
+      raise ValueError(
+          f"mxjax.dequantize: the MXArray's {name} is {jnp.dtype(got.dtype).name}"
+          f"{list(got.shape)}, but {fmt.name} with block_size {a.block_size} along axis "
+          f"{a.axis} of logical shape {a.shape} needs {spec.dtype.name}{list(spec.shape)}")
 
 
 def fake_quantize(x, format="e4m3", *, axis: int = -1,

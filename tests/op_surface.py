@@ -27,7 +27,8 @@ from mxjax import formats  # noqa: E402
 
 def inputs() -> dict:
   """name -> input array: every bf16 pattern, ragged f32 with specials, rank-3 f16 (with random bit patterns)."""
-  bf16 = np.concatenate([all_bf16_patterns(), all_bf16_patterns("strided")]).reshape(256, 512)
+  bf16 = np.concatenate([all_bf16_patterns(), all_bf16_patterns("strided")])
+  bf16 = bf16.reshape(256, 512)
   rng = np.random.default_rng(3)
   f32 = (rng.standard_normal((37, 75)) * np.exp2(rng.integers(-140, 120, (37, 1))))
   f32 = np.concatenate([f32.astype(np.float32),
