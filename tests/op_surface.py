@@ -26,7 +26,8 @@ from mxjax import formats  # noqa: E402
 
 
 def inputs() -> dict:
-  """name -> input array: every bf16 pattern, ragged f32 with specials, rank-3 f16 (with random bit patterns)."""
+  """name -> input array: every bf16 pattern, ragged f32 with specials, rank-3 f16 with
+  random bit patterns."""
   bf16 = np.concatenate([all_bf16_patterns(), all_bf16_patterns("strided")])
   bf16 = bf16.reshape(256, 512)
   rng = np.random.default_rng(3)
