@@ -134,12 +134,10 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     y = mx_dot_general(x, kernel, _DIMS(x), fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,
                        scale_mode=recipe.scale_mode, preferred_element_type=dtype)
-  elif recipe.fp8():
+  else:  # every recipe is MX or per-tensor FP8
     y, amaxes = fp8.dot_general(x, kernel, _DIMS(x), recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype)
     next_state = state_lib.update(recipe_state, amaxes, recipe)
-  else:
-    raise ValueError(f"{where}: no GEMM for recipe {recipe}")
   if held_state is not None and jax.tree.leaves(held_state):
     y = _attach(y, held_state)
   return y.astype(dtype), next_state
