@@ -33,3 +33,16 @@ def interleaved_medians(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dic
       jax.block_until_ready(fn(*args))
       times[name].append(time.perf_counter() - start)
   return {name: statistics.median(t) for name, t in times.items()}
+
+
+def cpu_model() -> str:
+  """The CPU's model name (from /proc/cpuinfo where there is one)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  import platform  # noqa: PLC0415
+  return platform.processor() or platform.machine()

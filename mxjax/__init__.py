@@ -8,13 +8,15 @@ from mxjax.formats import BLOCK_SIZES, ElementFormat, ScaleMode, element_format
 from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x
 from mxjax.dot import dot_general, matmul
+from mxjax.einsum import einsum
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax.recipes import MXBlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
 from mxjax.backend import backend_info, set_kernels
-from mxjax import fp8, linen, nnx, state
+from mxjax import fp8, linen, nnx, rules, state
 
 __version__ = "0.1.0"

@@ -106,11 +106,11 @@ _attach.defvjp(_attach_fwd, _attach_bwd)
 
 
 def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
-            held_state=None, *, dtype, where: str):
+            held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None):
   """`x . kernel` under `recipe`.
 
   Args:
-    x: [..., K] array of the computation dtype.
+    x: [..., K] array of the computation dtype (any layout with `dimension_numbers`).
     kernel: [K, N] array of the computation dtype, or a quantized kernel (MXArray pair).
     recipe: None (high precision), an MX recipe or a per-tensor FP8 recipe.
     recipe_state: the state for `recipe` (`reconcile_state`).
@@ -118,6 +118,9 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
       gradient is itself, so gradient overwrite keeps it.
     dtype: the output dtype.
     where: the module's name, for errors.
+    dimension_numbers: as in `lax.dot_general`; default `x[..., K] . kernel[K, N]`.
+    precision: passed to `lax.dot_general` in high precision (the MX and FP8 products
+      fix their own).
 
   Returns:
     (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
@@ -125,19 +128,22 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   quantized = is_quantized(kernel)
   if quantized:
     check_quantized_kernel(kernel, recipe, where)
+  dims = dimension_numbers or _DIMS(x)
   next_state = recipe_state
   if recipe is None:
     if quantized:
       kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(dtype)
-    y = lax.dot_general(x, kernel, _DIMS(x), preferred_element_type=dtype)
+    y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype)
   elif recipe.mx():
-    y = mx_dot_general(x, kernel, _DIMS(x), fwd_format=recipe.fwd_format,
+    y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,
                        scale_mode=recipe.scale_mode, preferred_element_type=dtype)
-  else:  # every recipe is MX or per-tensor FP8
-    y, amaxes = fp8.dot_general(x, kernel, _DIMS(x), recipe, recipe_state.tensors or None,
+  elif recipe.fp8():
+    y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype)
     next_state = state_lib.update(recipe_state, amaxes, recipe)
+  else:  # reachable: layer rules and module fields take any Recipe, a bare one included
+    raise ValueError(f"{where}: no GEMM for recipe {recipe}")
   if held_state is not None and jax.tree.leaves(held_state):
     y = _attach(y, held_state)
   return y.astype(dtype), next_state

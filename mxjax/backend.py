@@ -26,12 +26,12 @@ KERNEL_MODES = ("auto", "ffi", "xla")
 #: under benchmarks/results/. Until then "auto" runs the XLA path on GPUs.
 CUDA_KERNELS_VERIFIED = False
 
-# The product path of mxjax.dot_general on every backend today: dequantized bf16 operands
-# into XLA's dot with f32 accumulation (exact while every scaled element is at least
-# bf16's smallest subnormal, 2**-133; see mxjax.dot). The cuBLASLt block-scaled MXFP8 GEMM
+# The product path of mxjax.dot_general on every backend today: dequantized f32 operands
+# into XLA's dot with f32 accumulation (exact while every dequantized element is at least
+# 2**-126, the smallest normal f32; see mxjax.dot). The cuBLASLt block-scaled MXFP8 GEMM
 # target (`mxjax_mx_gemm`, Blackwell only) is built with CUDA but not yet used by the dot:
 # it has not run on a Blackwell GPU.
-_DOT_PATH = "dequantize to bf16 + XLA dot, f32 accumulation"
+_DOT_PATH = "dequantize to f32 + XLA dot, f32 accumulation"
 
 
 def _check_mode(mode, source: str) -> str:

@@ -1,6 +1,7 @@
-"""Which recipe the GEMMs use: `autocast(...)` and `quantized_model_init(...)`.
+"""Which recipe the GEMMs use: `autocast(...)`, `layer_rules(...)` and
+`quantized_model_init(...)`.
 
-Both are context managers over `jax.make_user_context` values, so `jax.jit`'s cache is
+All are context managers over `jax.make_user_context` values, so `jax.jit`'s cache is
 keyed on them: a jitted function called under another recipe is traced again instead of
 silently running the recipe it was first traced with. The values are recipes (frozen,
 hashable dataclasses) or None.
@@ -18,6 +19,7 @@ import dataclasses
 
 import jax
 
+from mxjax import rules as rules_lib
 from mxjax.recipes import MXFP8BlockScaling, Recipe
 
 #: The recipe of the innermost enabled `autocast`, or None (high precision).
@@ -68,6 +70,34 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 def get_recipe() -> Recipe | None:
   """The recipe of the innermost enabled `autocast`; None outside one or when disabled."""
   return _AUTOCAST.value
+
+
+#: The layer-path rules of the innermost `layer_rules` (a `rules.Rules` tuple), or None.
+_LAYER_RULES = jax.make_user_context(default_value=None)
+
+
+@contextlib.contextmanager
+def layer_rules(rules):
+  """GEMM layers inside follow `rules` (see `mxjax.rules`) by their path; a layer no rule
+  matches runs the autocast recipe. Entering, leaving or changing the rules re-traces
+  `jax.jit`. `mxjax.linen.intercept` enters this for you."""
+  with _LAYER_RULES(rules_lib.check(rules)):
+    yield
+
+
+def get_layer_rules() -> rules_lib.Rules | None:
+  """The rules of the innermost `layer_rules`, or None outside one."""
+  return _LAYER_RULES.value
+
+
+def recipe_for(path: str) -> Recipe | None:
+  """The recipe of the GEMM layer at `path` under an enabled autocast: the first matching
+  rule's under `layer_rules`, else the autocast recipe. None (high precision) outside an
+  enabled autocast, whatever the rules say."""
+  recipe = get_recipe()
+  if recipe is None:
+    return None
+  return rules_lib.recipe_for(_LAYER_RULES.value or (), path, recipe)
 
 
 @contextlib.contextmanager

@@ -15,12 +15,14 @@ quantized copies the backward needs. The quantizers are straight-through: the gr
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
-Each operand is dequantized to bfloat16 and XLA's dot accumulates in float32. Every
+Each operand is dequantized to float32 and XLA's dot accumulates in float32. Every
 product of two dequantized elements is exact while both are at least 2^-126 (the
-smallest normal f32); below that an element may be lost (bf16 holds nothing below
-2^-133, and XLA's CPU flushes f32 subnormals), which only happens in blocks whose scale
-is near 2^-127. So |out - exact| <= the sum of |a_k b_k| over such elements, plus f32
-accumulation rounding (tests/test_dot_vs_oracle.py).
+smallest normal f32); a smaller element, which only occurs in blocks whose scale is near
+2^-127, may be lost: XLA's CPU flushes f32 subnormals. So |out - exact| <= the sum of
+|a_k b_k| over such elements, plus f32 accumulation rounding (tests/test_dot_vs_oracle.py).
+(bfloat16 operands would serve as well, but XLA's CPU runtime rejects a bf16 x bf16 -> f32
+dot in the layouts its simplifier makes when the result is transposed: "Unsupported
+element type for DotThunk::Execute".)
 """
 
 from __future__ import annotations
@@ -228,7 +230,7 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
 def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
   """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated."""
   dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
-  return lax.dot_general(a.dequantize(jnp.bfloat16), b.dequantize(jnp.bfloat16), dims,
+  return lax.dot_general(a.dequantize(jnp.float32), b.dequantize(jnp.float32), dims,
                          preferred_element_type=jnp.float32)
 
 

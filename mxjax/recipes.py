@@ -5,6 +5,9 @@ A recipe says how the GEMMs of a model are quantized:
 - `MXFP8BlockScaling`, `MXFP6BlockScaling`, `MXFP4BlockScaling`: MX block scaling (one
   E8M0 scale per `block_size` elements along the contraction), computed by
   `mxjax.dot.dot_general` with the recipe's `fwd_format` / `bwd_format`. Stateless.
+  They keep TransformerEngine's checks (e.g. no E5M2 forward).
+- `MXBlockScaling(fwd_format, bwd_format)`: the same GEMMs for any pair of the five MX
+  element formats.
 - `DelayedScaling`: per-tensor FP8 with the scale taken from an amax history (state).
 - `Float8CurrentScaling`: per-tensor FP8 with the scale taken from the current amax.
 
@@ -54,13 +57,17 @@ class Recipe:
   """Base of all recipes: predicates that say which kind of recipe this is."""
 
   def mxfp8(self) -> bool:
-    return isinstance(self, MXFP8BlockScaling)
+    """MX block scaling with 8-bit forward elements (E4M3, or E5M2 in MXBlockScaling)."""
+    return self._mx_bits() == 8
 
   def mxfp6(self) -> bool:
-    return isinstance(self, MXFP6BlockScaling)
+    return self._mx_bits() == 6
 
   def mxfp4(self) -> bool:
-    return isinstance(self, MXFP4BlockScaling)
+    return self._mx_bits() == 4
+
+  def _mx_bits(self) -> int | None:
+    return formats.element_format(self.fwd_format).bits if self.mx() else None
 
   def mx(self) -> bool:
     """MX block scaling of any element width (FP8, FP6, FP4)."""
@@ -142,6 +149,45 @@ class MXFP8BlockScaling(_MXRecipe):
   @property
   def bwd_format(self) -> str:
     return self.fp8_format.bwd
+
+
+def _element_format_name(value, field: str) -> str:
+  """The element format name ("e4m3", ...) of a name, an ElementFormat or a one-format
+  Format member (not HYBRID, which names two)."""
+  if isinstance(value, Format) and value.fwd == value.bwd:
+    return value.fwd
+  try:
+    return formats.element_format(value).name
+  except (TypeError, ValueError):
+    raise ValueError(f"{field} must be one of {sorted(formats.FORMATS)}, got {value!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class MXBlockScaling(_MXRecipe):
+  """MX block scaling with any forward / backward pair of the five element formats.
+
+  The other MX recipes are this with TransformerEngine's checks; this one also runs,
+  e.g., E5M2 forward and backward (as MX evaluation harnesses sweep it).
+
+  Attributes:
+    fwd_format: element format of both GEMM operands in the forward pass ("e4m3",
+      "e5m2", "e3m2", "e2m3" or "e2m1"; an ElementFormat or a one-format Format works
+      too). Stored as the name.
+    bwd_format: element format of the output gradient in the backward GEMMs. Stored as
+      the name.
+    block_size: 16, 32 or 64 elements per E8M0 scale (a multiple of 4 for FP6).
+    scale_mode: "rceil" (default) or "floor".
+  """
+
+  fwd_format: str
+  bwd_format: str
+  block_size: int = formats.DEFAULT_BLOCK_SIZE
+  scale_mode: str = "rceil"
+
+  def __post_init__(self):
+    object.__setattr__(self, "fwd_format", _element_format_name(self.fwd_format, "fwd_format"))
+    object.__setattr__(self, "bwd_format", _element_format_name(self.bwd_format, "bwd_format"))
+    self._check_block()
 
 
 def _element_name(value, field: str) -> str:
@@ -284,4 +330,6 @@ def recipe_for_quantized_weight(fmt: str, block_size: int, scale_mode: str) -> R
     return MXFP6BlockScaling(fp6_format=fmt, block_size=block_size, scale_mode=scale_mode)
   if fmt == "e2m1":
     return MXFP4BlockScaling(block_size=block_size, scale_mode=scale_mode)
+  if fmt == "e5m2":  # no TransformerEngine-style recipe runs an E5M2 forward
+    return MXBlockScaling(fmt, fmt, block_size=block_size, scale_mode=scale_mode)
   raise ValueError(f"no MX recipe quantizes weights to {fmt}")

@@ -202,3 +202,17 @@ def test_format_error_order():
   assert min(err["e3m2"], err["e5m2"]) > 1.5 * err["e2m3"]
   assert err["e2m3"] > err["e4m3"]
   assert math.isclose(err["e3m2"], err["e5m2"], rel_tol=0.1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_a_transposed_result_runs(dtype):
+  """XLA folds a transpose of the result into the dot (swapping its operands); the
+  product must still run (bf16 x bf16 -> f32 dots fail in that layout on CPU)."""
+  x = jax.random.normal(jax.random.key(0), (40, 96), dtype)
+  w = jax.random.normal(jax.random.key(1), (96, 24), dtype)
+  out = jax.jit(lambda x, w: mxjax.matmul(x, w, preferred_element_type=jnp.float32).T)(x, w)
+  qx = oracle_fake(x.astype(jnp.float32), "e4m3", (1,))
+  qw = oracle_fake(w.astype(jnp.float32), "e4m3", (0,))
+  assert out.shape == (24, 40)
+  assert_f32_close(out.T, jnp.dot(qx, qw, precision=HIGHEST), jnp.abs(qx), jnp.abs(qw),
+                   (((1,), (0,)), ((), ())))

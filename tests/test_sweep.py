@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -14,11 +15,12 @@ import pytest
 from jax.extend import core as jax_core
 
 from mxjax import linen as mxl
+from mxjax import rules as rules_lib
 from mxjax.context import autocast
 from mxjax.quantize import fake_quantize
-from mxjax.recipes import MXFP8BlockScaling
+from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
 from mxjax.sweep import __main__ as cli
-from mxjax.sweep import checkpoint, formats, report, train
+from mxjax.sweep import baselines, checkpoint, formats, report, train
 from mxjax.sweep import model as model_lib
 
 TINY = model_lib.ModelConfig(d_model=32, layers=1, heads=2, max_len=32)
@@ -36,16 +38,45 @@ def test_format_names_and_storage():
   with pytest.raises(ValueError, match="unknown format"):
     formats.parse("bf16,fp3")
   bpp = {n: f.bytes_per_param(32) for n, f in formats.FORMATS.items()}
-  assert bpp == {"bf16": 2.0, "mxfp8_e4m3": 1 + 1 / 32, "mxfp8_hybrid": 1 + 1 / 32,
-                 "mxfp6_e3m2": 0.75 + 1 / 32, "mxfp6_e2m3": 0.75 + 1 / 32,
-                 "mxfp4_e2m1": 0.5 + 1 / 32}
+  assert bpp == {"bf16": 2.0, "mxfp8_e4m3": 1 + 1 / 32, "mxfp8_e5m2": 1 + 1 / 32,
+                 "mxfp8_hybrid": 1 + 1 / 32, "mxfp6_e3m2": 0.75 + 1 / 32,
+                 "mxfp6_e2m3": 0.75 + 1 / 32, "mxfp4_e2m1": 0.5 + 1 / 32,
+                 "fp8_delayed": 1.0, "fp8_current": 1.0, "int8_weight": 1.0}
   assert formats.FORMATS["mxfp4_e2m1"].bytes_per_param(16) == 0.5 + 1 / 16
   assert formats.FORMATS["bf16"].recipe() is None
+  assert formats.FORMATS["int8_weight"].recipe() is None
   hybrid = formats.FORMATS["mxfp8_hybrid"].recipe(32, "floor")
   assert (hybrid.fwd_format, hybrid.bwd_format, hybrid.scale_mode) == ("e4m3", "e5m2", "floor")
-  for name in ("mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"):
-    r = formats.FORMATS[name].recipe()
-    assert r.fwd_format == formats.FORMATS[name].weight_format
+  for name in ("mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"):
+    r = formats.FORMATS[name].recipe(16)
+    assert r.fwd_format == r.bwd_format == formats.FORMATS[name].weight_format
+    assert r.mx() and r.block_size == 16
+  assert formats.FORMATS["fp8_delayed"].recipe() == DelayedScaling()
+  assert formats.FORMATS["fp8_current"].recipe() == Float8CurrentScaling()
+  assert formats.DEFAULT == ("bf16", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3",
+                             "mxfp4_e2m1")
+
+
+@pytest.mark.parametrize("width, element", [("fp8", "e4m3"), ("fp8", "e5m2"), ("fp6", "e3m2"),
+                                            ("fp6", "e2m3"), ("fp4", "e2m1")])
+def test_every_spelling_of_a_format_selects_one_canonical_row(width, element):
+  canonical = f"mx{width}_{element}"
+  for spelling in (f"{width}_{element}", element, canonical, element.upper(),
+                   f"MX{width.upper()}-{element.upper()}"):
+    chosen = formats.parse(f"bf16,{spelling}")
+    assert [(f.name, f.given) for f in chosen] == [("bf16", "bf16"), (canonical, spelling)]
+  # several spellings of one format: one row, recording the first name given
+  chosen = formats.parse(f"{element},{width}_{element},{canonical}")
+  assert [(f.name, f.given) for f in chosen] == [("bf16", "bf16"), (canonical, element)]
+
+
+def test_other_rows_and_their_names():
+  chosen = formats.parse("Hybrid,delayed,fp8_current,int8,bfloat16")
+  assert [(f.name, f.given) for f in chosen] == [
+      ("bf16", "bfloat16"), ("mxfp8_hybrid", "Hybrid"), ("fp8_delayed", "delayed"),
+      ("fp8_current", "fp8_current"), ("int8_weight", "int8")]
+  with pytest.raises(ValueError, match="'fp6_e4m3'"):  # no FP6 format is E4M3
+    formats.parse("fp6_e4m3")
 
 
 def test_every_linear_layer_is_an_mxjax_module(tiny):
@@ -102,9 +133,30 @@ def test_jaxpr_quantizes_every_gemm_under_autocast(tiny):
   assert trained.count("mxjax_quantize_2x") >= 2 * gemms
 
 
-def test_quantize_weights_only_touches_kernels(tiny):
+@pytest.mark.parametrize("tier, reached", [
+    ("all", ["block_0/qkv/dense", "block_0/out", "block_0/mlp/wi", "block_0/mlp/wo",
+             "lm_head/dense"]),
+    ("no_ends", ["block_0/out", "block_0/mlp/wi", "block_0/mlp/wo"]),
+    ("mlp_only", ["block_0/mlp/wi", "block_0/mlp/wo"])])
+def test_tier_reaches_the_gemms_its_rules_name(tiny, tier, reached):
+  """A tier's rules pick the GEMMs the recipe quantizes (inference: input and kernel, one
+  quantize each) and the kernels a weight-only row quantizes."""
+  lm, params = tiny
+  tokens = jnp.zeros((2, 32), jnp.int32)
+  rules = rules_lib.preset(tier, mxl.gemm_paths(lm, tokens))
+  gemm = train.Treatment(MXFP8BlockScaling(), rules=rules)
+  with gemm.context():
+    text = str(jax.make_jaxpr(lambda p: lm.apply({"params": p}, tokens))(params))
+  assert len(re.findall(r"target_name=mxjax_quantize\b", text)) == 2 * len(reached)
+  weights = train.Treatment(weight_quantizer=jnp.zeros_like, rules=rules).weights(params)
+  zeroed = [model_lib.layer_path(p) for p, w in model_lib.kernels(weights).items()
+            if not np.any(w)]
+  assert sorted(zeroed) == sorted(reached)
+
+
+def test_map_kernels_only_touches_kernels(tiny):
   _, params = tiny
-  q = train.quantize_weights(params, "e2m1")
+  q = model_lib.map_kernels(params, functools.partial(baselines.mx, fmt="e2m1"))
   kernels, qkernels = model_lib.kernels(params), model_lib.kernels(q)
   for path, w in kernels.items():
     wq = qkernels[path]
@@ -117,77 +169,243 @@ def test_quantize_weights_only_touches_kernels(tiny):
   for keypath, leaf in jax.tree_util.tree_leaves_with_path(q):
     if keypath[-1].key != "kernel":
       np.testing.assert_array_equal(np.asarray(leaf), np.asarray(flat[keypath]))
+  only_mlp = model_lib.map_kernels(params, jnp.zeros_like, lambda layer: "mlp" in layer)
+  for path, w in model_lib.kernels(only_mlp).items():
+    assert (not np.any(w)) == ("mlp" in path), path
+
+
+def test_int8_per_channel_weights():
+  """Column scale = column amax / 127; here 2^-7 and 2^-6 (exact), so the codes are
+  w / scale rounded to nearest, ties to even; a zero column stays zero."""
+  u = 2.0 ** -7
+  w = jnp.array([[127 * u, 254 * u, 0.0],
+                 [0.5 * u, 3.0 * u, 0.0],   # 0.5 -> 0 (tie to even); 1.5 (col 1) -> 2
+                 [-1.5 * u, -1.0 * u, 0.0]], jnp.float32)
+  expected = jnp.array([[127 * u, 254 * u, 0.0],
+                        [0.0, 4.0 * u, 0.0],
+                        [-2.0 * u, 0.0, 0.0]], jnp.float32)  # -0.5 (col 1) -> 0
+  np.testing.assert_array_equal(baselines.int8_per_channel(w), expected)
+  cotangent = jnp.arange(9.0).reshape(3, 3)
+  grad = jax.grad(lambda w: jnp.sum(baselines.int8_per_channel(w) * cotangent))(w)
+  np.testing.assert_array_equal(grad, cotangent)  # straight through
+  bf16 = baselines.int8_per_channel(w.astype(jnp.bfloat16))
+  assert bf16.dtype == jnp.bfloat16
+
+
+def test_fp8_per_tensor_weights():
+  """amax 28: scale 448 / 28 = 16; 1.03125 * 16 = 16.5 lies between the E4M3 values 16
+  and 18 and rounds to 16 (-> 1.0); 0.5 * 16 = 8 is on the grid."""
+  w = jnp.array([[28.0, 1.03125], [0.5, -28.0]], jnp.float32)
+  np.testing.assert_array_equal(baselines.fp8_per_tensor(w),
+                                jnp.array([[28.0, 1.0], [0.5, -28.0]], jnp.float32))
+  np.testing.assert_array_equal(baselines.fp8_per_tensor(jnp.zeros((2, 2))), jnp.zeros((2, 2)))
+
+
+def _batches(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return iter([rng.integers(0, 256, (2, 33), dtype=np.int32) for _ in range(n)])
+
+
+def test_runner_advances_delayed_scaling_state(tiny):
+  lm, params = tiny
+  runner = train.Runner(lm, train.TrainConfig(steps=3), train.Treatment(DelayedScaling()), 32)
+  start = runner.state0
+  _, state, stats = runner.train(params, _batches(3), progress=False)
+  assert len(stats.curve) == 3 and all(math.isfinite(v) for v in stats.curve)
+  for before, after in zip(jax.tree.leaves(start), jax.tree.leaves(state)):
+    assert before.shape == after.shape and not np.array_equal(before, after)
+  histories = [s.tensors["grad"].amax_history for s in jax.tree.leaves(
+      state, is_leaf=lambda x: hasattr(x, "tensors"))]
+  assert histories and all(np.count_nonzero(h) == 3 for h in histories)  # 3 steps recorded
+  calibrated = runner.calibrate(params, _batches(2), 2)
+  inputs = [s.tensors["input"].amax_history for s in jax.tree.leaves(
+      calibrated, is_leaf=lambda x: hasattr(x, "tensors"))]
+  assert all(np.count_nonzero(h) == 2 for h in inputs)
+  stateless = train.Runner(lm, train.TrainConfig(steps=1), train.Treatment(), 32)
+  assert not jax.tree.leaves(stateless.calibrate(params, _batches(1), 1))
+
+
+def test_weight_only_treatment_runs_on_quantized_kernels(tiny):
+  lm, params = tiny
+  val = list(_batches(2, seed=1))
+  int8 = train.Runner(lm, train.TrainConfig(steps=2),  # step 0 has learning rate 0
+                      train.Treatment(weight_quantizer=baselines.int8_per_channel), 32)
+  plain = train.Runner(lm, train.TrainConfig(steps=1), train.Treatment(), 32)
+  quantized = model_lib.map_kernels(params, baselines.int8_per_channel)
+  loss, _ = int8.evaluate(params, int8.state0, val)
+  assert loss == plain.evaluate(quantized, plain.state0, val)[0]
+  assert loss != plain.evaluate(params, plain.state0, val)[0]
+  trained, _, _ = int8.train(params, _batches(2), progress=False)
+  # QAT: the float params move (straight-through gradient), not only the quantized copy.
+  moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), params, trained)
+  assert all(jax.tree.leaves(moved))
 
 
 def test_checkpoint_roundtrip_and_key(tmp_path, tiny):
   _, params = tiny
   key = dict(model="tiny", steps=3)
-  checkpoint.save(str(tmp_path), params, key, dict(curve=[1.0, 0.5], step_ms=2.0))
-  params2, meta = checkpoint.load(str(tmp_path), key, params)
+  checkpoint.save(str(tmp_path), 0, params, key, dict(curve=[1.0, 0.5], step_ms=2.0))
+  params2, meta = checkpoint.load(str(tmp_path), 0, key, params)
   assert meta["curve"] == [1.0, 0.5]
   jax.tree.map(np.testing.assert_array_equal, params, params2)
-  assert checkpoint.load(str(tmp_path), dict(model="tiny", steps=4), params) is None
-  assert checkpoint.load(str(tmp_path / "nowhere"), key, params) is None
+  assert checkpoint.load(str(tmp_path), 0, dict(model="tiny", steps=4), params) is None
+  assert checkpoint.load(str(tmp_path), 1, key, params) is None  # another seed's
+  assert checkpoint.load(str(tmp_path / "nowhere"), 0, key, params) is None
+
+
+def _row(name, quantized, val_losses, train_loss=None):
+  return report.Row(name, quantized, 1.0, runs=[
+      report.Run(seed, v, 10.0, train_loss) for seed, v in enumerate(val_losses)])
 
 
 def test_table_marks_the_baseline():
-  rows = [report.Row("bf16", "-", 2.0, 2.0, 10.0, 2.0),
-          report.Row("mxfp4_e2m1", "fwd+bwd", 2.2, 2.1, 12.0, 0.53125)]
+  rows = [_row("bf16", "-", [2.0], 2.0), _row("mxfp4_e2m1", "fwd+bwd", [2.1], 2.2)]
+  rows[1].bytes_per_param = 0.53125
   report.add_deltas(rows, rows[0])
   text = report.table(rows, "train")
   assert "+5.00%" in text and "+0.00%" in text and "0.5312" in text
-  assert text.splitlines()[0].startswith("| format")
+  assert text.splitlines()[0].startswith("| format") and "2 SE" not in text
+
+
+def test_seed_statistics_and_significance():
+  """Δ is paired by seed: a row 1% above bf16 in every seed is significant however far
+  apart the seeds are; deltas of +1% and +3% (mean 2, std sqrt(2), SE 1) are not above
+  2 SE; +1% and +2% (mean 1.5, std 0.7071, SE 0.5) are."""
+  rows = [_row("bf16", "-", [2.0, 4.0]), _row("a", "fwd+bwd", [2.02, 4.04]),
+          _row("b", "fwd+bwd", [2.02, 4.12]), _row("c", "fwd+bwd", [2.02, 4.08])]
+  report.add_deltas(rows, rows[0])
+  base, a, b, c = rows
+  assert (base.val_loss, base.val_loss_std) == pytest.approx((3.0, math.sqrt(2)))
+  assert base.significant is None
+  assert (a.delta_pct, a.delta_pct_std, a.significant) == (pytest.approx(1.0), pytest.approx(0),
+                                                           True)
+  assert (b.delta_pct, b.delta_pct_se, b.significant) == (pytest.approx(2.0), pytest.approx(1.0),
+                                                          False)
+  assert (c.delta_pct, c.delta_pct_se, c.significant) == (pytest.approx(1.5), pytest.approx(0.5),
+                                                          True)
+  lines = report.table(rows, "train").splitlines()
+  assert "Δ > 2 SE" in lines[0]
+  assert "3.0000 ± 1.4142" in lines[2] and "+1.50% ± 0.71%" in lines[5]
+  assert [line.split("|")[7].strip() for line in lines[2:]] == ["-", "yes", "no", "yes"]
+  summary = c.summary()
+  assert summary["significant"] is True and [r["seed"] for r in summary["runs"]] == [0, 1]
+
+
+def test_plot_shades_the_seed_spread():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  def curved(name, curves):
+    row = report.Row(name, "fwd+bwd", 1.0)
+    row.runs = [report.Run(i, c[-1], 1.0, c[-1], list(c)) for i, c in enumerate(curves)]
+    return row
+
+  one, two = curved("one", [[3.0, 2.0, 1.0]]), curved("two", [[3.0, 2.0, 1.0], [3.5, 2.5, 1.5]])
+  for rows, bands in (([one], 0), ([one, two], 1)):
+    fig, ax = plt.subplots()
+    report._curves(ax, rows)
+    fills = [c for c in ax.collections if "PolyCollection" in type(c).__name__]
+    assert len(fills) == bands
+    plt.close(fig)
+  np.testing.assert_allclose(two.curve, [3.25, 2.25, 1.25])
 
 
 SMOKE = ["--steps", "3", "--d-model", "32", "--heads", "2", "--layers", "1", "--seq-len", "32",
-         "--batch-size", "4", "--eval-batches", "2", "--max-samples", "16",
-         "--formats", "bf16,mxfp4_e2m1", "--no-progress"]
+         "--batch-size", "4", "--eval-batches", "2", "--max-samples", "16", "--no-progress"]
+SMOKE_FORMATS = ["--formats", "bf16,fp4_e2m1,fp8_delayed,int8", "--seeds", "2"]
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("sweep")
-  return out, cli.main(SMOKE + ["--out", str(out)])
+  rc = cli.main(SMOKE + SMOKE_FORMATS + ["--out", str(out)])
+  return out, rc, json.loads((out / "results.json").read_text())
 
 
 def test_cli_train_smoke(smoke_run, capsys):
-  out, rc = smoke_run
+  out, rc, results = smoke_run
   assert rc == 0
-  with open(out / "results.json") as f:
-    results = json.load(f)
   rows = results["rows"]
-  assert [(r["format"], r["quantized"]) for r in rows] == [("bf16", "-"),
-                                                           ("mxfp4_e2m1", "fwd+bwd")]
+  assert [(r["format"], r["given"], r["quantized"]) for r in rows] == [
+      ("bf16", "bf16", "-"), ("mxfp4_e2m1", "fp4_e2m1", "fwd+bwd"),
+      ("fp8_delayed", "fp8_delayed", "fwd+bwd"), ("int8_weight", "int8", "weights")]
+  assert results["seeds"] == [0, 1]
   for r in rows:
-    assert len(r["curve"]) == 3 and all(math.isfinite(v) for v in r["curve"])
-    assert math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"])
+    assert [run["seed"] for run in r["runs"]] == [0, 1]
+    for run in r["runs"]:
+      assert len(run["curve"]) == 3 and all(math.isfinite(v) for v in run["curve"])
+      assert math.isfinite(run["train_loss"]) and math.isfinite(run["val_loss"])
+    assert r["val_loss"] == pytest.approx(np.mean([run["val_loss"] for run in r["runs"]]))
+    assert r["val_loss_std"] == pytest.approx(np.std([run["val_loss"] for run in r["runs"]],
+                                                     ddof=1))
     assert r["perplexity"] == pytest.approx(math.exp(r["val_loss"]))
-  assert rows[0]["delta_pct"] == 0.0
+  base = rows[0]["runs"]
+  for r in rows[1:]:
+    for run, b in zip(r["runs"], base):
+      assert run["delta_pct"] == pytest.approx(100 * (run["val_loss"] / b["val_loss"] - 1))
+  assert base[0]["val_loss"] != base[1]["val_loss"]  # other seed: other init and batches
+  assert rows[0]["delta_pct"] == 0.0 and rows[0]["significant"] is None
   assert results["corpus"]["val_files"] and not (
       set(results["corpus"]["val_files"]) & set(results["corpus"]["train_files"]))
   with open(out / "loss_curves.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  assert (out / "bf16_checkpoint" / "meta.json").is_file()
-  assert "| bf16" in (out / "results.md").read_text()
+  for seed in (0, 1):
+    assert (out / "bf16_checkpoint" / f"seed_{seed}" / "meta.json").is_file()
+  md = (out / "results.md").read_text()
+  assert "| bf16" in md and "| mxfp4_e2m1" in md and "Δ > 2 SE" in md
 
 
 def test_cli_ptq_reuses_the_checkpoint(smoke_run, capsys):
-  out, _ = smoke_run
-  train_rows = json.loads((out / "results.json").read_text())["rows"]
+  out, _, train_results = smoke_run
+  train_rows = train_results["rows"]
   capsys.readouterr()
-  assert cli.main(SMOKE + ["--out", str(out), "--mode", "ptq"]) == 0
+  assert cli.main(SMOKE + SMOKE_FORMATS + ["--out", str(out), "--mode", "ptq"]) == 0
   captured = capsys.readouterr()
-  assert "loaded the bf16 model" in captured.err
+  assert captured.err.count("loaded the bf16 model") == 2  # one per seed
   assert "| bf16" in captured.out and "weights+acts" in captured.out
   rows = json.loads((out / "results.json").read_text())["rows"]
   assert [(r["format"], r["quantized"]) for r in rows] == [
-      ("bf16", "-"), ("mxfp4_e2m1", "weights"), ("mxfp4_e2m1", "weights+acts")]
-  assert rows[0]["val_loss"] == pytest.approx(train_rows[0]["val_loss"], rel=1e-6)
-  assert all(math.isfinite(r["val_loss"]) for r in rows)
+      ("bf16", "-"), ("mxfp4_e2m1", "weights"), ("mxfp4_e2m1", "weights+acts"),
+      ("fp8_delayed", "weights"), ("fp8_delayed", "weights+acts"), ("int8_weight", "weights")]
+  for run, trained in zip(rows[0]["runs"], train_rows[0]["runs"]):
+    assert run["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-6)
+  assert all(math.isfinite(run["val_loss"]) for r in rows for run in r["runs"])
   assert os.path.isfile(out / "loss_curves.png")
 
 
-def test_cli_rejects_unknown_format(capsys):
-  with pytest.raises(SystemExit):
-    cli.main(["--formats", "bf16,fp7"])
-  assert "unknown format" in capsys.readouterr().err
+def test_cli_tier_keeps_the_ends_in_bf16(smoke_run, tmp_path):
+  """--tier no_ends: the baseline is untouched, the quantized row changes (fewer GEMMs in
+  MXFP4), and results.json names the GEMMs kept in bf16."""
+  out, _, full = smoke_run
+  assert full["tier"]["name"] == "all" and not full["tier"]["high_precision"]
+  flags = SMOKE + ["--formats", "bf16,fp4_e2m1", "--tier", "no_ends", "--out", str(tmp_path)]
+  assert cli.main(flags) == 0
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["tier"]["high_precision"] == ["block_0/qkv/dense", "lm_head/dense"]
+  assert results["tier"]["quantized"] == ["block_0/out", "block_0/mlp/wi", "block_0/mlp/wo"]
+  train_bf16 = json.loads((out / "bf16_checkpoint" / "seed_0" / "meta.json").read_text())
+  assert results["rows"][0]["runs"][0]["curve"] == train_bf16["curve"]
+  tiered, everything = results["rows"][1]["runs"][0], full["rows"][1]["runs"][0]
+  assert tiered["val_loss"] != everything["val_loss"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--formats", "bf16,fp7"], "unknown format(s) 'fp7'"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--tier", "mlp"], "argument --tier: invalid choice: 'mlp'"),
+    (["--steps", "x"], "invalid int value: 'x'"),
+    (["--out", "{file}/out"], "is not a writable directory"),
+    (["--out", "{file}"], "is not a writable directory"),
+])
+def test_cli_rejects_bad_flags_in_one_line(tmp_path, capsys, flags, message):
+  file = tmp_path / "a_file"
+  file.write_text("")
+  flags = [f.format(file=file) for f in flags]
+  out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
+  with pytest.raises(SystemExit) as info:
+    cli.main(SMOKE + flags + out)
+  assert info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("mxjax-sweep: error: ") and message in err
+  assert not list(tmp_path.rglob("results.json"))

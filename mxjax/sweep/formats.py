@@ -1,79 +1,136 @@
-"""The formats a sweep compares: a name, its recipe, and what its weights cost to store."""
+"""The formats a sweep compares: a name (and the other names users type for it), how its
+GEMMs run, and what its weights cost to store.
+
+Kinds of rows:
+  baseline     bf16, no quantization.
+  mx           an MX recipe: every GEMM's operands (forward) and gradients (backward) MX.
+  per_tensor   a per-tensor FP8 recipe of mxjax (DelayedScaling, Float8CurrentScaling).
+  weight_only  the weights quantize-dequantized (INT8 per output channel), GEMMs in bf16.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 from mxjax import formats as mx_formats
-from mxjax.recipes import (Format, MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling,
-                           Recipe)
+from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
+                           MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax.sweep import baselines
 
 BASELINE = "bf16"
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepFormat:
-  """One column of the sweep.
+  """One row kind of the sweep.
 
   Attributes:
-    name: the CLI name, e.g. "mxfp8_e4m3".
-    weight_format: the element format weights are stored in (None: bf16, unquantized).
-    make_recipe: `(block_size, scale_mode) -> Recipe`, or None for the baseline.
-    label: a short description for the table and plot.
+    name: the canonical name, shown in the table, e.g. "mxfp8_e4m3".
+    kind: "baseline", "mx", "per_tensor" or "weight_only".
+    weight_format: the element format weights are quantized to ("int8" for INT8; None:
+      bf16, unquantized).
+    make_recipe: `(block_size, scale_mode) -> Recipe`, or None (no recipe: bf16 GEMMs).
+    label: a short description.
+    aliases: other names that select it (harness names "fp8_e4m3", op names "e4m3" ...).
+    given: the name the user typed for it (set by `parse`).
   """
 
   name: str
+  kind: str
   weight_format: str | None
   make_recipe: Callable[[int, str], Recipe] | None
   label: str
+  aliases: tuple[str, ...] = ()
+  given: str | None = None
 
   @property
   def is_baseline(self) -> bool:
-    return self.make_recipe is None
+    return self.kind == "baseline"
 
   def recipe(self, block_size: int = 32, scale_mode: str = "rceil") -> Recipe | None:
-    """The recipe the GEMMs run under; None for the baseline (plain bf16)."""
+    """The recipe the GEMMs run under; None for bf16 GEMMs (baseline, weight-only)."""
     return None if self.make_recipe is None else self.make_recipe(block_size, scale_mode)
 
+  def weight_quantizer(self, block_size: int = 32, scale_mode: str = "rceil"):
+    """`w [K, N] -> quantize-dequantize of w` (straight-through gradient) as this row
+    stores weights; None for the baseline."""
+    if self.kind == "mx":
+      return functools.partial(baselines.mx, fmt=self.weight_format, block_size=block_size,
+                               scale_mode=scale_mode)
+    if self.kind == "per_tensor":
+      return functools.partial(baselines.fp8_per_tensor, fmt=self.weight_format)
+    if self.kind == "weight_only":
+      return baselines.int8_per_channel
+    return None
+
   def bytes_per_param(self, block_size: int = 32) -> float:
-    """Storage of one weight in MX form: element bits / 8 plus one E8M0 byte per block."""
+    """Storage of one weight: MX element bits / 8 plus one E8M0 byte per block; 1 for
+    per-tensor FP8 and INT8 (their per-tensor / per-channel scales left out); bf16: 2."""
     if self.weight_format is None:
       return 2.0
+    if self.kind != "mx":
+      return 1.0
     return mx_formats.element_format(self.weight_format).bits / 8 + 1 / block_size
 
 
+def _mx(width: str, element: str, label: str, make_recipe) -> SweepFormat:
+  """An MX row, named `mx{width}_{element}`, also `{width}_{element}` and `{element}`."""
+  return SweepFormat(f"mx{width}_{element}", "mx", element, make_recipe, label,
+                     (f"{width}_{element}", element))
+
+
 FORMATS: dict[str, SweepFormat] = {f.name: f for f in (
-    SweepFormat(BASELINE, None, None, "bf16 (no quantization)"),
-    SweepFormat("mxfp8_e4m3", "e4m3",
-                lambda b, s: MXFP8BlockScaling(fp8_format=Format.E4M3, block_size=b,
-                                               scale_mode=s), "MXFP8 E4M3 fwd+bwd"),
-    SweepFormat("mxfp8_hybrid", "e4m3",
+    SweepFormat(BASELINE, "baseline", None, None, "bf16 (no quantization)", ("bfloat16",)),
+    _mx("fp8", "e4m3", "MXFP8 E4M3 fwd+bwd",
+        lambda b, s: MXFP8BlockScaling(fp8_format=Format.E4M3, block_size=b, scale_mode=s)),
+    _mx("fp8", "e5m2", "MXFP8 E5M2 fwd+bwd",
+        lambda b, s: MXBlockScaling("e5m2", "e5m2", block_size=b, scale_mode=s)),
+    SweepFormat("mxfp8_hybrid", "mx", "e4m3",
                 lambda b, s: MXFP8BlockScaling(fp8_format=Format.HYBRID, block_size=b,
-                                               scale_mode=s), "MXFP8 E4M3 fwd, E5M2 grads"),
-    SweepFormat("mxfp6_e3m2", "e3m2",
-                lambda b, s: MXFP6BlockScaling(fp6_format=Format.E3M2, block_size=b,
-                                               scale_mode=s), "MXFP6 E3M2 fwd+bwd"),
-    SweepFormat("mxfp6_e2m3", "e2m3",
-                lambda b, s: MXFP6BlockScaling(fp6_format=Format.E2M3, block_size=b,
-                                               scale_mode=s), "MXFP6 E2M3 fwd+bwd"),
-    SweepFormat("mxfp4_e2m1", "e2m1",
-                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s),
-                "MXFP4 E2M1 fwd+bwd"),
+                                               scale_mode=s),
+                "MXFP8 E4M3 fwd, E5M2 grads", ("hybrid",)),
+    _mx("fp6", "e3m2", "MXFP6 E3M2 fwd+bwd",
+        lambda b, s: MXFP6BlockScaling(fp6_format=Format.E3M2, block_size=b, scale_mode=s)),
+    _mx("fp6", "e2m3", "MXFP6 E2M3 fwd+bwd",
+        lambda b, s: MXFP6BlockScaling(fp6_format=Format.E2M3, block_size=b, scale_mode=s)),
+    _mx("fp4", "e2m1", "MXFP4 E2M1 fwd+bwd",
+        lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s)),
+    SweepFormat("fp8_delayed", "per_tensor", "e4m3", lambda b, s: DelayedScaling(),
+                "per-tensor FP8, delayed scaling (E4M3 fwd, E5M2 grads)", ("delayed",)),
+    SweepFormat("fp8_current", "per_tensor", "e4m3", lambda b, s: Float8CurrentScaling(),
+                "per-tensor FP8, current scaling (E4M3 fwd, E5M2 grads)", ("current",)),
+    SweepFormat("int8_weight", "weight_only", "int8", None,
+                "INT8 weights (per output channel), bf16 GEMMs", ("int8",)),
 )}
+
+#: The demo's rows: bf16 and the five MX presets of MX evaluation harnesses.
+DEFAULT = ("bf16", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1")
+
+_BY_NAME: dict[str, str] = {n: f.name for f in FORMATS.values() for n in (f.name, *f.aliases)}
+
+
+def canonical(name: str) -> str | None:
+  """The canonical name of any accepted spelling (any case, '-' for '_'), else None."""
+  return _BY_NAME.get(name.strip().lower().replace("-", "_"))
 
 
 def parse(names: str) -> list[SweepFormat]:
-  """A comma list of format names -> formats, baseline first (added if missing).
+  """A comma list of format names (any accepted spelling) -> formats, baseline first
+  (added if missing), each once, with `given` the first spelling the user typed.
 
   Raises:
     ValueError: for an unknown name.
   """
-  wanted = [n.strip().lower() for n in names.split(",") if n.strip()]
-  unknown = [n for n in wanted if n not in FORMATS]
+  wanted = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = [n for n in wanted if canonical(n) is None]
   if unknown:
-    raise ValueError(f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
-  if BASELINE not in wanted:
-    wanted.insert(0, BASELINE)
-  ordered = [BASELINE] + [n for n in dict.fromkeys(wanted) if n != BASELINE]
-  return [FORMATS[n] for n in ordered]
+    raise ValueError(f"unknown format(s) {', '.join(map(repr, unknown))}; choose from "
+                     f"{', '.join(FORMATS)} (also fp8_e4m3, e4m3, ... spellings)")
+  given: dict[str, str] = {}
+  for n in wanted:
+    given.setdefault(canonical(n), n)
+  given.setdefault(BASELINE, BASELINE)
+  ordered = [BASELINE] + [n for n in given if n != BASELINE]
+  return [dataclasses.replace(FORMATS[n], given=given[n]) for n in ordered]

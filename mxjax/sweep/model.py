@@ -10,7 +10,8 @@ in `dtype`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -107,6 +108,32 @@ def contraction_ndim(path: tuple[str, ...]) -> int:
   contracts two dims (heads, head_dim).
   """
   return 2 if "out" in path else 1
+
+
+def layer_path(path: tuple[str, ...]) -> str:
+  """The GEMM layer path of a kernel's param path: ('block_0', 'qkv', 'dense', 'kernel')
+  -> 'block_0/qkv/dense' (as `mxjax.linen.gemm_paths` names layers)."""
+  return "/".join(path[:-1])
+
+
+def map_kernels(params, fn: Callable, where: Callable[[str], bool] | None = None):
+  """`params` with each GEMM kernel `w` replaced by `fn(w as [K, N])` in w's shape.
+
+  Args:
+    params: the model's params.
+    fn: `[K, N] -> [K, N]` (K: the contracted dims flattened, see `contraction_ndim`).
+    where: `layer_path -> bool` picks the kernels to map (default: all).
+  """
+  targets = kernels(params)
+
+  def visit(keypath, leaf):
+    path = tuple(getattr(k, "key", str(k)) for k in keypath)
+    if path not in targets or (where is not None and not where(layer_path(path))):
+      return leaf
+    k = math.prod(leaf.shape[:contraction_ndim(path)])
+    return fn(leaf.reshape(k, -1)).reshape(leaf.shape)
+
+  return jax.tree_util.tree_map_with_path(visit, params)
 
 
 def kernels(params) -> dict[tuple[str, ...], jax.Array]:

@@ -15,38 +15,118 @@ PLOT_PNG = "loss_curves.png"
 
 
 @dataclasses.dataclass
-class Row:
-  """One line of the table.
+class Run:
+  """One seed of a row.
 
   Attributes:
-    format: the sweep format name (e.g. "mxfp8_e4m3").
-    quantized: what was quantized: "-" (baseline), "fwd+bwd" (QAT), "weights" or
-      "weights+acts" (PTQ).
-    train_loss: final training loss (mean of the last steps), None if not trained here.
+    seed: the init / data-order seed.
     val_loss: mean validation cross entropy, nats per byte.
     step_ms: median train step (train mode) or eval batch (ptq mode) time, ms.
-    bytes_per_param: MX storage of one weight, scales included (bf16: 2).
+    train_loss: final training loss (mean of the last steps), None if not trained here.
     curve: per-step training losses (empty for PTQ rows).
+    delta_pct: val loss vs the baseline's of the same seed, percent (`add_deltas`).
+  """
+
+  seed: int
+  val_loss: float
+  step_ms: float
+  train_loss: float | None = None
+  curve: list[float] = dataclasses.field(default_factory=list)
+  delta_pct: float | None = None
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+  """(mean, sample standard deviation); the std is None for fewer than two values."""
+  a = np.asarray(values, np.float64)
+  return float(np.mean(a)), (float(np.std(a, ddof=1)) if a.size > 1 else None)
+
+
+@dataclasses.dataclass
+class Row:
+  """One line of the table: a format and what was quantized, over one or more seeds.
+
+  Attributes:
+    format: the canonical sweep format name (e.g. "mxfp8_e4m3").
+    quantized: what was quantized: "-" (baseline), "fwd+bwd" (QAT), "weights" or
+      "weights+acts" (PTQ).
+    bytes_per_param: storage of one weight, scales included (bf16: 2).
+    given: the name the user typed for the format.
+    runs: one Run per seed.
   """
 
   format: str
   quantized: str
-  train_loss: float | None
-  val_loss: float
-  step_ms: float
   bytes_per_param: float
-  curve: list[float] = dataclasses.field(default_factory=list)
-  delta_pct: float | None = None
+  given: str | None = None
+  runs: list[Run] = dataclasses.field(default_factory=list)
+
+  @property
+  def val_loss(self) -> float:
+    return mean_std([r.val_loss for r in self.runs])[0]
+
+  @property
+  def val_loss_std(self) -> float | None:
+    return mean_std([r.val_loss for r in self.runs])[1]
+
+  @property
+  def train_loss(self) -> float | None:
+    losses = [r.train_loss for r in self.runs if r.train_loss is not None]
+    return mean_std(losses)[0] if losses else None
+
+  @property
+  def step_ms(self) -> float:
+    return float(np.median([r.step_ms for r in self.runs]))
 
   @property
   def perplexity(self) -> float:
     return math.exp(self.val_loss) if math.isfinite(self.val_loss) else float("nan")
 
+  @property
+  def curve(self) -> list[float]:
+    """The mean training curve over the seeds (empty for PTQ rows)."""
+    curves = [r.curve for r in self.runs if r.curve]
+    return np.mean(np.asarray(curves), axis=0).tolist() if curves else []
+
+  @property
+  def delta_pct(self) -> float | None:
+    deltas = [r.delta_pct for r in self.runs if r.delta_pct is not None]
+    return mean_std(deltas)[0] if deltas else None
+
+  @property
+  def delta_pct_std(self) -> float | None:
+    deltas = [r.delta_pct for r in self.runs if r.delta_pct is not None]
+    return mean_std(deltas)[1] if deltas else None
+
+  @property
+  def delta_pct_se(self) -> float | None:
+    """Standard error of the mean Δ: std / sqrt(seeds)."""
+    std = self.delta_pct_std
+    return None if std is None else std / math.sqrt(len(self.runs))
+
+  @property
+  def significant(self) -> bool | None:
+    """Whether the mean Δ exceeds 2 standard errors (None: baseline, or one seed)."""
+    se = self.delta_pct_se
+    if se is None or self.quantized == "-":
+      return None
+    return abs(self.delta_pct) > 2 * se
+
+  def summary(self) -> dict[str, Any]:
+    """The row as JSON-ready data: the means, spreads, significance and every run."""
+    fields = ("format", "given", "quantized", "bytes_per_param", "train_loss", "val_loss",
+              "val_loss_std", "perplexity", "delta_pct", "delta_pct_std", "delta_pct_se",
+              "significant", "step_ms", "curve")
+    return dict({f: getattr(self, f) for f in fields},
+                runs=[dataclasses.asdict(r) for r in self.runs])
+
 
 def add_deltas(rows: Sequence[Row], baseline: Row) -> None:
-  """Sets each row's `delta_pct`: its validation loss vs the baseline's, in percent."""
-  for r in rows:
-    r.delta_pct = 100.0 * (r.val_loss - baseline.val_loss) / baseline.val_loss
+  """Sets each run's `delta_pct`: its validation loss vs the baseline's run of the same
+  seed, in percent (paired: seed-to-seed noise shared by both cancels)."""
+  base = {r.seed: r.val_loss for r in baseline.runs}
+  for row in rows:
+    for r in row.runs:
+      r.delta_pct = 100.0 * (r.val_loss - base[r.seed]) / base[r.seed]
 
 
 def _fmt(value, spec: str) -> str:
@@ -57,15 +137,27 @@ def _fmt(value, spec: str) -> str:
   return format(value, spec)
 
 
+def _spread(mean, std, spec: str, unit: str = "") -> str:
+  text = _fmt(mean, spec) + (unit if mean is not None else "")
+  return text if std is None else f"{text} ± {_fmt(std, spec.lstrip('+'))}{unit}"
+
+
 def table(rows: Sequence[Row], mode: str) -> str:
-  """The results as an aligned text table (a Markdown table)."""
+  """The results as an aligned Markdown table. Over several seeds the losses and Δ show
+  mean ± std, and a column says whether Δ exceeds 2 standard errors."""
+  seeds = max(len(r.runs) for r in rows)
   time_header = "step ms" if mode == "train" else "eval ms"
-  header = ["format", "quantized", "train loss", "val loss", "ppl", "Δ val loss",
-            time_header, "bytes/param"]
-  lines = [[r.format, r.quantized, _fmt(r.train_loss, ".4f"), _fmt(r.val_loss, ".4f"),
-            _fmt(r.perplexity, ".3f"), _fmt(r.delta_pct, "+.2f") + ("%" if r.delta_pct
-                                                                     is not None else ""),
-            _fmt(r.step_ms, ".1f"), _fmt(r.bytes_per_param, ".4f")] for r in rows]
+  header = ["format", "quantized", "train loss", "val loss", "ppl", "Δ val loss"]
+  header += ["Δ > 2 SE"] if seeds > 1 else []
+  header += [time_header, "bytes/param"]
+  lines = []
+  for r in rows:
+    line = [r.format, r.quantized, _fmt(r.train_loss, ".4f"),
+            _spread(r.val_loss, r.val_loss_std, ".4f"), _fmt(r.perplexity, ".3f"),
+            _spread(r.delta_pct, r.delta_pct_std, "+.2f", "%")]
+    if seeds > 1:
+      line.append({None: "-", True: "yes", False: "no"}[r.significant])
+    lines.append(line + [_fmt(r.step_ms, ".1f"), _fmt(r.bytes_per_param, ".4f")])
   widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
   left = {0, 1}
 
@@ -79,12 +171,19 @@ def table(rows: Sequence[Row], mode: str) -> str:
 
 
 def write_json(out_dir: str, rows: Sequence[Row], meta: dict[str, Any]) -> str:
-  """Writes `results.json` (meta + rows with their curves); returns its path."""
+  """Writes `results.json` (meta + rows with their runs and curves) whole or not at all
+  (a temporary file renamed into place); returns its path."""
   path = os.path.join(out_dir, RESULTS_JSON)
   data = dict(meta)
-  data["rows"] = [dict(dataclasses.asdict(r), perplexity=r.perplexity) for r in rows]
-  with open(path, "w") as f:
-    json.dump(data, f, indent=1, default=_json_default, allow_nan=True)
+  data["rows"] = [r.summary() for r in rows]
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w") as f:
+      json.dump(data, f, indent=1, default=_json_default, allow_nan=True)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
   return path
 
 
@@ -105,9 +204,11 @@ def _smooth(curve: Sequence[float], alpha: float) -> np.ndarray:
 def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   """Saves the loss curves PNG (headless, Agg); returns its path.
 
-  train mode: the (smoothed) training loss of every format, the validation loss as a
-  marker at the last step. ptq mode: the baseline's training curve, and a bar chart of the
-  validation loss per format and what was quantized.
+  train mode: the (smoothed) mean training loss of every format, shaded between the
+  seeds' lowest and highest, and the validation loss at the last step (error bar: ±1
+  std over the seeds); next to it each row's Δ val loss (bar: mean, whiskers: ±2
+  standard errors, dots: the seeds). ptq mode: the baseline's training curve, and a bar
+  chart of the validation loss per format and what was quantized (error bars: ±1 std).
   """
   import matplotlib
   matplotlib.use("Agg")
@@ -116,8 +217,9 @@ def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   path = os.path.join(out_dir, PLOT_PNG)
   curved = [r for r in rows if r.curve]
   if mode == "train":
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), width_ratios=(3, 2))
     _curves(ax, curved)
+    _deltas(bx, [r for r in rows if r.quantized != "-"])
   else:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     _curves(ax, curved)
@@ -134,13 +236,21 @@ def _curves(ax, rows: Sequence[Row]) -> None:
   lows = []
   for i, r in enumerate(rows):
     c = colors[i % len(colors)]
-    steps = np.arange(1, len(r.curve) + 1)
-    alpha = 0.9 if len(r.curve) > 50 else 0.0
-    smooth = _smooth(r.curve, alpha)
-    ax.plot(steps, r.curve, color=c, alpha=0.15, linewidth=0.8)
-    ax.plot(steps, smooth, color=c, linewidth=1.6,
-            label=f"{r.format}: val {r.val_loss:.3f}")
-    ax.plot([steps[-1]], [r.val_loss], marker="o", color=c)
+    curve = r.curve
+    steps = np.arange(1, len(curve) + 1)
+    alpha = 0.9 if len(curve) > 50 else 0.0
+    smooth = _smooth(curve, alpha)
+    per_seed = np.asarray([_smooth(run.curve, alpha) for run in r.runs if run.curve])
+    if len(per_seed) > 1:
+      ax.fill_between(steps, per_seed.min(0), per_seed.max(0), color=c, alpha=0.2,
+                      linewidth=0)
+    else:
+      ax.plot(steps, curve, color=c, alpha=0.15, linewidth=0.8)
+    std = r.val_loss_std
+    label = f"{r.format}: val {r.val_loss:.3f}" + (f" ± {std:.3f}" if std is not None else "")
+    ax.plot(steps, smooth, color=c, linewidth=1.6, label=label)
+    ax.errorbar([steps[-1]], [r.val_loss], yerr=None if std is None else [std], marker="o",
+                color=c, capsize=3)
     lows.append(float(np.min(smooth)))
   if lows:
     finite = [v for v in lows if math.isfinite(v)]
@@ -148,11 +258,33 @@ def _curves(ax, rows: Sequence[Row]) -> None:
       top = max(r.curve[min(len(r.curve) - 1, len(r.curve) // 10)] for r in rows)
       if math.isfinite(top) and top > min(finite):
         ax.set_ylim(min(finite) - 0.05 * (top - min(finite)), top)
+  seeds = max((len(r.runs) for r in rows), default=1)
   ax.set_xlabel("step")
   ax.set_ylabel("cross entropy (nats / byte)")
-  ax.set_title("training loss (smoothed); dots: validation loss")
+  ax.set_title("training loss (smoothed" + (f", mean of {seeds} seeds, band: min-max"
+                                            if seeds > 1 else "") + "); dots: validation loss")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+
+
+def _deltas(ax, rows: Sequence[Row]) -> None:
+  xs = np.arange(len(rows))
+  means = [r.delta_pct if r.delta_pct is not None else np.nan for r in rows]
+  whiskers = [2 * (r.delta_pct_se or 0.0) for r in rows]
+  colors = [f"C{(i + 1) % 10}" for i in range(len(rows))]
+  ax.bar(xs, means, 0.6, yerr=whiskers if any(whiskers) else None, capsize=4, color=colors,
+         alpha=0.6)
+  for x, r, c in zip(xs, rows, colors):
+    seeds = [run.delta_pct for run in r.runs if run.delta_pct is not None]
+    ax.plot([x] * len(seeds), seeds, "o", color=c, markersize=4)
+    mark = {True: " *", False: "", None: ""}[r.significant]
+    ax.annotate(f"{r.delta_pct:+.2f}%{mark}", (x, 0), textcoords="offset points",
+                xytext=(0, 4), ha="center", fontsize=8)
+  ax.axhline(0.0, color="C0", linewidth=1)
+  ax.set_xticks(xs, [r.format for r in rows], rotation=20)
+  ax.set_ylabel("Δ validation loss vs bf16 (%)")
+  ax.set_title("Δ: mean (bar), ±2 SE (whiskers), seeds (dots); * beyond 2 SE", fontsize=9)
+  ax.grid(alpha=0.3, axis="y")
 
 
 def _bars(ax, rows: Sequence[Row]) -> None:
@@ -161,11 +293,17 @@ def _bars(ax, rows: Sequence[Row]) -> None:
   names = list(dict.fromkeys(r.format for r in rows if r.quantized in kinds))
   width = 0.8 / max(1, len(kinds))
   for j, kind in enumerate(kinds):
-    values = {r.format: r.val_loss for r in rows if r.quantized == kind}
+    by_name = {r.format: r for r in rows if r.quantized == kind}
     xs = np.arange(len(names)) + (j - (len(kinds) - 1) / 2) * width
-    ax.bar(xs, [values.get(n, np.nan) for n in names], width, label=kind, color=f"C{j + 1}")
+    values = [by_name[n].val_loss if n in by_name else np.nan for n in names]
+    errors = [(by_name[n].val_loss_std or 0.0) if n in by_name else 0.0 for n in names]
+    ax.bar(xs, values, width, yerr=errors if any(errors) else None, capsize=3, label=kind,
+           color=f"C{j + 1}")
   if base is not None:
     ax.axhline(base.val_loss, color="C0", linestyle="--", label=f"bf16 {base.val_loss:.3f}")
+    if base.val_loss_std:
+      ax.axhspan(base.val_loss - base.val_loss_std, base.val_loss + base.val_loss_std,
+                 color="C0", alpha=0.15)
   finite = [r.val_loss for r in rows if math.isfinite(r.val_loss)]
   if finite:
     lo, hi = min(finite), max(finite)

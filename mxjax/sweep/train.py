@@ -1,17 +1,17 @@
-"""Training and evaluation loops of the sweep: one jitted AdamW step, run under a recipe.
+"""Training and evaluation loops of the sweep: one jitted AdamW step, run under a row's
+`Treatment` (autocast recipe, GEMM rules, weight quantizer).
 
-Every run starts from the same initial params and sees the same batches in the same
-order; only the recipe of the enclosing `mxjax.context.autocast` differs. The step is
-jitted per run, so it is traced under that run's recipe.
+Every run of a seed starts from the same initial params and sees the same batches in the
+same order; only the treatment differs. A `Runner` jits its step once, under its
+treatment, and runs it for every seed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
-import math
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,10 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from mxjax import linen as mxl
+from mxjax import rules as rules_lib
+from mxjax import state as state_lib
 from mxjax.context import autocast
-from mxjax.quantize import fake_quantize
 from mxjax.recipes import Recipe
 from mxjax.sweep import model as model_lib
 
@@ -79,10 +81,14 @@ def init_params(model: model_lib.LanguageModel, seed: int, seq_len: int):
     return model.init(jax.random.key(seed), tokens)["params"]
 
 
+def cross_entropy(logits, batch):
+  """Mean next-byte cross entropy (nats) of logits f32[B, T, V] for `batch` int32[B, T + 1]."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+
 def loss_fn(model: model_lib.LanguageModel, params, batch):
   """Mean next-byte cross entropy (nats) of `batch` int32[B, T + 1]."""
-  logits = model.apply({"params": params}, batch[:, :-1])
-  return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+  return cross_entropy(model.apply({"params": params}, batch[:, :-1]), batch)
 
 
 def optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -97,91 +103,136 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
                   mask=decay_mask))
 
 
-def train(model: model_lib.LanguageModel, params, batches: Iterator[np.ndarray],
-          config: TrainConfig, recipe: Recipe | None, desc: str = "train",
-          progress: bool = True):
-  """Trains `params` for `config.steps` steps of `batches` under `recipe`.
+@dataclasses.dataclass(frozen=True)
+class Treatment:
+  """How one row computes: its GEMMs' recipe, which GEMMs it reaches, its weights.
 
-  Args:
-    model: the LM.
-    params: the initial float32 params (not modified).
-    batches: int32[B, T + 1] batches; `config.steps` are drawn.
-    recipe: the autocast recipe; None trains in plain `model.dtype`.
-    desc: the progress bar's label.
-
-  Returns:
-    (trained params, RunStats).
-  """
-  tx = optimizer(config)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: loss_fn(model, p, batch))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  opt_state = tx.init(params)
-  curve, times = [], []
-  start = time.perf_counter()
-  bar = tqdm(range(config.steps), desc=desc, disable=not progress, leave=True,
-             dynamic_ncols=True)
-  with autocast(enabled=recipe is not None, recipe=recipe):
-    for i in bar:
-      batch = jnp.asarray(next(batches))
-      t0 = time.perf_counter()
-      params, opt_state, loss = step(params, opt_state, batch)
-      loss = float(loss)  # waits for the step
-      times.append(time.perf_counter() - t0)
-      curve.append(loss)
-      if i % 10 == 0 or i == config.steps - 1:
-        bar.set_postfix(loss=f"{loss:.3f}")
-  bar.close()
-  steady = times[1:] or times
-  stats = RunStats(curve, 1e3 * float(np.median(steady)) if steady else float("nan"),
-                   times[0] if times else 0.0, time.perf_counter() - start)
-  return params, stats
-
-
-def evaluate(model: model_lib.LanguageModel, params, batches: Sequence[np.ndarray],
-             recipe: Recipe | None) -> tuple[float, float]:
-  """Mean cross entropy (nats per byte) over `batches`, computed under `recipe`.
-
-  Returns:
-    (mean loss, median ms per batch after the first).
+  Attributes:
+    recipe: the autocast recipe; None: GEMMs in the model's dtype.
+    weight_quantizer: `w [K, N] -> quantize-dequantize of w` (straight-through gradient)
+      applied to the kernels before every forward pass (weight-only rows), or None.
+    rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
+      first matching rule says None stays in high precision, for the recipe (applied with
+      `mxjax.linen.intercept`) and for `weight_quantizer` alike; () reaches every GEMM.
   """
 
-  @jax.jit
-  def batch_loss(params, batch):
-    return loss_fn(model, params, batch)
+  recipe: Recipe | None = None
+  weight_quantizer: Callable | None = None
+  rules: tuple = ()
 
-  losses, times = [], []
-  with autocast(enabled=recipe is not None, recipe=recipe):
-    for b in batches:
-      t0 = time.perf_counter()
-      losses.append(float(batch_loss(params, jnp.asarray(b))))
-      times.append(time.perf_counter() - t0)
-  if not losses:
-    return float("nan"), float("nan")
-  return float(np.mean(losses)), 1e3 * float(np.median(times[1:] or times))
+  @contextlib.contextmanager
+  def context(self):
+    """The autocast (and interception of the rules) the row's model runs under."""
+    with contextlib.ExitStack() as stack:
+      stack.enter_context(autocast(enabled=self.recipe is not None, recipe=self.recipe))
+      if self.rules:
+        stack.enter_context(mxl.intercept(self.rules))
+      yield
+
+  def quantizes(self, layer: str) -> bool:
+    """Whether the rules leave the GEMM layer at path `layer` to the row's quantization."""
+    rule = rules_lib.match(self.rules, layer)
+    return rule is None or rule[1] is not None
+
+  def weights(self, params):
+    """The params the forward pass uses (kernels quantized for weight-only rows)."""
+    if self.weight_quantizer is None:
+      return params
+    return model_lib.map_kernels(params, self.weight_quantizer, self.quantizes)
 
 
-def quantize_weights(params, fmt: str, block_size: int = 32, scale_mode: str = "rceil"):
-  """Params with every GEMM kernel fake-quantized (quantize-dequantize) along its
-  contraction: each kernel viewed as [K, N], blocks of `block_size` along K, as the MX
-  GEMM blocks it. Other params (norms, biases, embeddings) are left as they are."""
-  targets = model_lib.kernels(params)
+class Runner:
+  """Training, calibration and evaluation of one treatment, each jitted once for all seeds.
 
-  @functools.partial(jax.jit, static_argnums=1)
-  def fq(w, ndim: int):
-    k = math.prod(w.shape[:ndim])
-    w2 = fake_quantize(w.reshape(k, -1), fmt, axis=0, block_size=block_size,
-                       scale_mode=scale_mode)
-    return w2.reshape(w.shape)
+  Under a stateful recipe (DelayedScaling) the model's recipe state (the "mx_state"
+  collection of amax histories) is carried next to the params and advanced as
+  `mxjax.state` describes (the gradient of the state is the next state); otherwise the
+  state is an empty dict.
+  """
 
-  def visit(keypath, leaf):
-    path = tuple(getattr(k, "key", str(k)) for k in keypath)
-    if path in targets:
-      return fq(leaf, model_lib.contraction_ndim(path))
-    return leaf
+  def __init__(self, model: model_lib.LanguageModel, config: TrainConfig,
+               treatment: Treatment, seq_len: int):
+    self.model, self.config, self.treatment = model, config, treatment
+    self.tx = optimizer(config)
+    self.stateful = treatment.recipe is not None and treatment.recipe.stateful()
+    self.state0 = {}
+    if self.stateful:
+      tokens = jnp.zeros((1, seq_len), jnp.int32)
+      with treatment.context():
+        self.state0 = jax.jit(lambda key: model.init(key, tokens)[
+            state_lib.STATE_COLLECTION])(jax.random.key(0))
+    self._step = jax.jit(self._step_impl)
+    self._forward = jax.jit(self._apply)
 
-  return jax.tree_util.tree_map_with_path(visit, params)
+  def _apply(self, params, state, batch):
+    """(loss, state after the forward) of `batch` int32[B, T + 1]."""
+    params = self.treatment.weights(params)
+    if not self.stateful:
+      return cross_entropy(self.model.apply({"params": params}, batch[:, :-1]), batch), state
+    logits, mutated = self.model.apply(
+        {"params": params, state_lib.STATE_COLLECTION: state}, batch[:, :-1],
+        mutable=[state_lib.STATE_COLLECTION])
+    return cross_entropy(logits, batch), mutated[state_lib.STATE_COLLECTION]
+
+  def _step_impl(self, params, state, opt_state, batch):
+    (loss, mutated), (g_params, g_state) = jax.value_and_grad(
+        self._apply, argnums=(0, 1), has_aux=True)(params, state, batch)
+    updates, opt_state = self.tx.update(g_params, opt_state, params)
+    next_state = state_lib.next_state(g_state, mutated) if self.stateful else state
+    return optax.apply_updates(params, updates), next_state, opt_state, loss
+
+  def train(self, params, batches: Iterator[np.ndarray], desc: str = "train",
+            progress: bool = True):
+    """Trains `params` (not modified) for `config.steps` steps of `batches`
+    (int32[B, T + 1]).
+
+    Returns:
+      (trained params, recipe state, RunStats).
+    """
+    state, opt_state = self.state0, self.tx.init(params)
+    curve, times = [], []
+    start = time.perf_counter()
+    bar = tqdm(range(self.config.steps), desc=desc, disable=not progress, leave=True,
+               dynamic_ncols=True)
+    with self.treatment.context():
+      for i in bar:
+        batch = jnp.asarray(next(batches))
+        t0 = time.perf_counter()
+        params, state, opt_state, loss = self._step(params, state, opt_state, batch)
+        loss = float(loss)  # waits for the step
+        times.append(time.perf_counter() - t0)
+        curve.append(loss)
+        if i % 10 == 0 or i == self.config.steps - 1:
+          bar.set_postfix(loss=f"{loss:.3f}")
+    bar.close()
+    steady = times[1:] or times
+    stats = RunStats(curve, 1e3 * float(np.median(steady)) if steady else float("nan"),
+                     times[0] if times else 0.0, time.perf_counter() - start)
+    return params, state, stats
+
+  def calibrate(self, params, batches: Iterator[np.ndarray], count: int):
+    """The recipe state after `count` forward passes over `batches` (PTQ under a stateful
+    recipe: the amax histories filled from data); the initial state for stateless ones."""
+    state = self.state0
+    if not self.stateful:
+      return state
+    with self.treatment.context():
+      for _ in range(count):
+        _, state = self._forward(params, state, jnp.asarray(next(batches)))
+    return state
+
+  def evaluate(self, params, state, batches: Sequence[np.ndarray]) -> tuple[float, float]:
+    """Mean cross entropy (nats per byte) over `batches`, the state left as it is.
+
+    Returns:
+      (mean loss, median ms per batch after the first).
+    """
+    losses, times = [], []
+    with self.treatment.context():
+      for b in batches:
+        t0 = time.perf_counter()
+        losses.append(float(self._forward(params, state, jnp.asarray(b))[0]))
+        times.append(time.perf_counter() - t0)
+    if not losses:
+      return float("nan"), float("nan")
+    return float(np.mean(losses)), 1e3 * float(np.median(times[1:] or times))

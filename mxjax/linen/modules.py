@@ -1,8 +1,9 @@
 """Flax linen modules whose GEMMs follow the active recipe: Dense, DenseGeneral,
 LayerNormDense, LayerNormMLP.
 
-The recipe is the module's `recipe` attribute or, when None, the one of the enclosing
-`mxjax.autocast` (none: plain high precision). Params are named like Flax's
+The recipe is the module's `recipe` attribute or, when None, the one its path gets from
+the layer rules of an enclosing `mxjax.linen.intercept`, else the enclosing
+`mxjax.autocast`'s (none: plain high precision). Params are named like Flax's
 (`kernel`, `bias`); the recipe state of each GEMM is the variable `recipe_state` in the
 collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances).
 
@@ -27,7 +28,7 @@ _STATE_NAME = "recipe_state"
 
 
 def _module_path(module: nn.Module) -> str:
-  path = "/".join(str(p) for p in module.scope.path) if module.scope else ""
+  path = layer_path(module)
   return f"{type(module).__name__} '{path}'" if path else f"{type(module).__name__} (top level)"
 
 
@@ -107,26 +108,54 @@ class DenseGeneral(nn.Module):
     return self.param("kernel", kernel_init, shape, self.param_dtype)
 
   def _recipe(self) -> Recipe | None:
-    return self.recipe if self.recipe is not None else context.get_recipe()
+    return self.recipe if self.recipe is not None else context.recipe_for(layer_path(self))
 
   def _project(self, x2, kernel, dtype):
     recipe = self._recipe()
     if recipe is None and self.is_initializing() and context.get_quantized_init() is not None:
       recipe = context.get_quantized_init().recipe  # the state made at init follows it
-    where = _module_path(self)
-    if _gemm.is_quantized(kernel):
-      _gemm.check_quantized_kernel(kernel, recipe, where)
-    col = self.state_collection
-    stored = self.get_variable(col, _STATE_NAME) if self.has_variable(col, _STATE_NAME) else None
-    can_write = self.is_mutable_collection(col)
-    run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write)
-    held = stored if (stored is not None and run_state is not stored) else None
-    y, forward_state = _gemm.project(x2, kernel, recipe, run_state, held, dtype=dtype,
-                                     where=where)
-    if can_write and (replaced or run_state is stored):
-      # Like BatchNorm's statistics, init stores the initial state without this batch.
-      self.put_variable(col, _STATE_NAME, run_state if self.is_initializing() else forward_state)
-    return y
+    return project_with_state(self, x2, kernel, recipe, collection=self.state_collection,
+                              dtype=dtype, where=_module_path(self))
+
+
+def layer_path(module: nn.Module) -> str:
+  """The module's path from the root, its scope names joined by "/" (what rules match)."""
+  return "/".join(str(p) for p in module.scope.path) if module.scope else ""
+
+
+def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
+                       collection: str, dtype, where: str, dimension_numbers=None,
+                       precision=None, store_stateless: bool = True):
+  """`_gemm.project` for a linen module, whose recipe state is the variable
+  `recipe_state` in `collection` (read, reconciled with `recipe`, written back when the
+  collection is mutable).
+
+  Args:
+    module: the bound module that owns the state.
+    x, kernel, recipe, dtype, where, dimension_numbers, precision: as in `_gemm.project`.
+    store_stateless: False keeps the variables untouched where nothing needs a state
+      (no stored state and a stateless recipe), as Flax's hooks must.
+
+  Returns:
+    The product, of `dtype`.
+  """
+  if _gemm.is_quantized(kernel):
+    _gemm.check_quantized_kernel(kernel, recipe, where)
+  has_state = module.has_variable(collection, _STATE_NAME)
+  stored = module.get_variable(collection, _STATE_NAME) if has_state else None
+  gemm = dict(dtype=dtype, where=where, dimension_numbers=dimension_numbers,
+              precision=precision)
+  if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
+    return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
+  can_write = module.is_mutable_collection(collection)
+  run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write)
+  held = stored if (stored is not None and run_state is not stored) else None
+  y, forward_state = _gemm.project(x, kernel, recipe, run_state, held, **gemm)
+  if can_write and (replaced or run_state is stored):
+    # Like BatchNorm's statistics, init stores the initial state without this batch.
+    module.put_variable(collection, _STATE_NAME,
+                        run_state if module.is_initializing() else forward_state)
+  return y
 
 
 class Dense(DenseGeneral):

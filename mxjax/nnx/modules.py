@@ -1,4 +1,4 @@
-"""Flax NNX `Linear` whose GEMM follows the active recipe (`mxjax.autocast`).
+"""mxjax's NNX `Linear`, whose GEMM follows the active recipe (`mxjax.autocast`).
 
 The recipe state lives in the `RecipeStateVar` variable `recipe_state`. Each call stores
 the state with this call's input and kernel amaxes recorded (the forward half of

@@ -1,0 +1,100 @@
+"""MX products for Flax's own hooks: `DotGeneral` (`dot_general_cls=`) and `Einsum`
+(`qk_attn_weights_einsum_cls=` / `attn_weights_value_einsum_cls=`).
+
+    nn.Dense(256, dot_general_cls=mxjax.linen.DotGeneral)
+    nn.MultiHeadDotProductAttention(8, qkv_dot_general_cls=mxjax.linen.DotGeneral,
+                                    out_dot_general_cls=mxjax.linen.DotGeneral,
+                                    qk_attn_weights_einsum_cls=mxjax.linen.Einsum,
+                                    attn_weights_value_einsum_cls=mxjax.linen.Einsum)
+
+Flax makes a hook inside the layer that calls it, so the hook is that layer's child. A
+hook follows the recipe of the layer that owns it: its `recipe` attribute or else
+`mxjax.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
+recipe it makes exactly the call Flax would have made (bit-identical results). A
+DelayedScaling state lives in the hook's own scope, in `state_collection`; stateless
+recipes add no variables, so the model's variables are those of the stock model.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+from jax import lax
+
+from mxjax import context, state as state_lib
+from mxjax.einsum import einsum_as_dot_general
+from mxjax.linen.modules import _STATE_NAME, project_with_state
+from mxjax.recipes import Recipe
+
+
+class _Hook(nn.Module):
+  """What both hooks share: the recipe of the owning layer, and the state."""
+
+  recipe: Recipe | None = None
+  state_collection: str = state_lib.STATE_COLLECTION
+
+  def _owner(self) -> str:
+    return "/".join(str(p) for p in self.scope.path[:-1])
+
+  def _recipe(self) -> Recipe | None:
+    return self.recipe if self.recipe is not None else context.recipe_for(self._owner())
+
+  def _plain(self, recipe) -> bool:
+    """Whether to make Flax's own call: no recipe and no state to keep."""
+    return recipe is None and not self.has_variable(self.state_collection, _STATE_NAME)
+
+  def _product(self, lhs, rhs, dimension_numbers, recipe, precision, preferred_element_type):
+    dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
+    return project_with_state(
+        self, lhs, rhs, recipe, collection=self.state_collection, dtype=dtype,
+        where=f"{type(self).__name__} of '{self._owner()}'",
+        dimension_numbers=dimension_numbers, precision=precision, store_stateless=False)
+
+
+class DotGeneral(_Hook):
+  """`lax.dot_general(lhs, rhs, dimension_numbers)` under the owning layer's recipe.
+
+  Attributes:
+    recipe: None: the rules / autocast recipe of the owning layer (see module docstring).
+    state_collection: where a DelayedScaling state is kept ("mx_state").
+  """
+
+  @nn.compact
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None,
+               preferred_element_type=None, out_sharding=None):
+    """lhs, rhs: arrays of one float dtype -> the `lax.dot_general` result."""
+    recipe = self._recipe()
+    if self._plain(recipe):
+      kwargs = {} if out_sharding is None else dict(out_sharding=out_sharding)
+      return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=preferred_element_type, **kwargs)
+    y = self._product(lhs, rhs, dimension_numbers, recipe, precision, preferred_element_type)
+    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+
+
+class Einsum(_Hook):
+  """`jnp.einsum(subscripts, a, b)` under the owning layer's recipe (both operands
+  quantized along what they contract; see `mxjax.einsum`).
+
+  Attributes:
+    recipe, state_collection: as in `DotGeneral`.
+  """
+
+  @nn.compact
+  def __call__(self, subscripts: str, a, b, precision=None, preferred_element_type=None,
+               _dot_general=None, out_sharding=None):
+    """subscripts: a two-operand equation; a, b: float arrays -> the einsum result."""
+    recipe = self._recipe()
+    if self._plain(recipe):
+      kwargs = {} if out_sharding is None else dict(out_sharding=out_sharding)
+      if _dot_general is not None:
+        kwargs["_dot_general"] = _dot_general
+      return jnp.einsum(subscripts, a, b, precision=precision,
+                        preferred_element_type=preferred_element_type, **kwargs)
+
+    def dot(a, b, dims):
+      return self._product(a, b, dims, recipe, precision, preferred_element_type)
+
+    y = einsum_as_dot_general(subscripts, a, b, dot)
+    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)

@@ -1,0 +1,112 @@
+"""MX for stock linen models, unchanged: `intercept(rules)` and `gemm_paths(...)`.
+
+    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()), mxjax.linen.intercept(rules):
+      logits = model.apply(params, tokens)
+
+Inside `intercept`, every stock `nn.Dense`, `nn.DenseGeneral` and `nn.Einsum` (the
+projections of `nn.MultiHeadDotProductAttention` among them) computes its product with
+mxjax under the recipe of its path (`mxjax.rules`; no matching rule: the autocast
+recipe). mxjax's own modules follow the same rules. Nothing else changes: the model's
+code, its params and, for stateless recipes, all its variables are those of the stock
+model, so its checkpoints load as they are. A DelayedScaling layer keeps its state in the
+`mx_state` collection of a hook child (see `mxjax.linen.hooks`).
+
+How: a Flax method interceptor (`nn.intercept_methods`). A Dense / DenseGeneral that
+has no product of its own (`dot_general`, `dot_general_cls` unset) runs with
+`dot_general_cls=DotGeneral` for the call; an Einsum's call is made again here with the
+same params and `hooks.Einsum` as the product. A layer that already has its own product
+(e.g. mxjax's hooks) is left as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mxjax import context
+from mxjax.einsum import parse_subscripts
+from mxjax.linen import hooks
+from mxjax.linen.modules import DenseGeneral, layer_path
+
+_DENSE = (nn.Dense, nn.DenseGeneral)
+
+
+@contextlib.contextmanager
+def intercept(rules=None):
+  """Runs every stock linen Dense / DenseGeneral / Einsum GEMM through mxjax.
+
+  Args:
+    rules: a sequence of `(regex, recipe or None)` pairs matched with `re.search`
+      against each layer's path (`mxjax.rules`); None: every layer runs the autocast
+      recipe. Checked before anything is entered.
+
+  Entering, leaving or changing `rules` re-traces `jax.jit` (the rules are a
+  `jax.make_user_context` value, like the autocast recipe).
+  """
+  with context.layer_rules(rules), nn.intercept_methods(_interceptor):
+    yield
+
+
+def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
+  """The paths of a linen model's GEMM layers (stock Dense, DenseGeneral, Einsum, mxjax's
+  modules, and layers using mxjax's hooks), in the order its `__call__` runs them.
+
+  Args:
+    module: an unbound linen module; args, kwargs: inputs for `module.init` (only their
+      shapes and dtypes are used: nothing is computed).
+  """
+  paths: list[str] = []
+
+  def record(next_fun, args, kwargs, ctx):
+    if ctx.method_name == "__call__":
+      if isinstance(ctx.module, (*_DENSE, nn.Einsum, DenseGeneral)):
+        paths.append(layer_path(ctx.module))
+      elif isinstance(ctx.module, hooks.DotGeneral):
+        paths.append(ctx.module._owner())
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
+  return list(dict.fromkeys(paths))
+
+
+def _interceptor(next_fun, args, kwargs, ctx):
+  module = ctx.module
+  if ctx.method_name != "__call__":
+    return next_fun(*args, **kwargs)
+  if isinstance(module, _DENSE) and module.dot_general is None and (
+      module.dot_general_cls is None):
+    object.__setattr__(module, "dot_general_cls", hooks.DotGeneral)
+    try:
+      return next_fun(*args, **kwargs)
+    finally:
+      object.__setattr__(module, "dot_general_cls", None)
+  if isinstance(module, nn.Einsum) and context.recipe_for(layer_path(module)) is not None:
+    return _einsum_layer(module, *args, **kwargs)
+  return next_fun(*args, **kwargs)
+
+
+def _einsum_layer(module: nn.Einsum, inputs, einsum_str: str | None = None):
+  """`nn.Einsum.__call__` with `hooks.Einsum` as its product: the same params (names,
+  shapes, initializers, order), dtype promotion and bias."""
+  einsum_str = nn.merge_param("einsum_str", module.einsum_str, einsum_str).replace(" ", "")
+  if "->" not in einsum_str or einsum_str.count(",") != 1:
+    raise ValueError(f"nn.Einsum '{layer_path(module)}' needs an explicit two-operand "
+                     f"equation with '->', got {einsum_str!r}")
+  kernel = module.param("kernel", module.kernel_init, module.shape, module.param_dtype)
+  bias = None
+  if module.use_bias:
+    in_ix, kernel_ix, out_ix = parse_subscripts(einsum_str, inputs.ndim, len(module.shape))
+    features = [c for c in out_ix if c in kernel_ix]
+    bias_shape = [module.shape[kernel_ix.index(c)] for c in features]
+    bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)
+  inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
+  y = hooks.Einsum()(einsum_str, inputs, kernel, precision=module.precision,
+                     preferred_element_type=module.preferred_element_type)
+  if bias is not None:
+    y += jnp.reshape(bias, [module.shape[kernel_ix.index(c)] if c in kernel_ix else 1
+                            for c in out_ix])
+  return y

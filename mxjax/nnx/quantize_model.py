@@ -1,0 +1,142 @@
+"""MX for stock NNX models, unchanged: `quantize(model, rules)` and `gemm_paths(model)`.
+
+    mxjax.nnx.quantize(model, rules=[(r"lm_head", None)])
+    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
+      loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+
+`quantize` gives every stock `nnx.Linear` and `nnx.LinearGeneral` (the projections of
+`nnx.MultiHeadAttention` among them) an MX `dot_general`, and every `nnx.Einsum` an MX
+`einsum_op`, in place. They are static attributes, so `nnx.state(model)` (and every
+checkpoint of it) is unchanged. Each product runs, at call time, under an enabled
+autocast, the recipe of its layer's rule (`mxjax.rules`; the path is the graph path
+joined by "/", e.g. `layers/0/attn/q_einsum`) or the autocast recipe; with autocast off
+it makes exactly the stock call. A rule's None leaves the layer untouched.
+
+Per-tensor state has no place in an unchanged `nnx.state`: a layer reached by
+DelayedScaling raises an error naming it (`mxjax.nnx.Linear` keeps such state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from mxjax import _gemm, context, rules as rules_lib, state as state_lib
+from mxjax.einsum import einsum_as_dot_general
+from mxjax.nnx.modules import Linear
+from mxjax.recipes import Recipe
+
+#: Stands for "the autocast recipe" in a product whose layer matched no rule.
+_AUTOCAST = "autocast"
+
+
+@dataclasses.dataclass(frozen=True)
+class MXProduct:
+  """The MX `dot_general` (or `einsum_op`) of one layer: a hashable static attribute.
+
+  Attributes:
+    path: the layer's graph path, for rules and errors.
+    recipe: the rule's recipe, or "autocast" (the autocast recipe at call time).
+    einsum: True: called as `einsum_op(subscripts, a, b, ...)`; False: as
+      `dot_general(lhs, rhs, dimension_numbers, ...)`.
+  """
+
+  path: str
+  recipe: Recipe | str
+  einsum: bool = False
+
+  def __call__(self, *args, precision=None, preferred_element_type=None, out_sharding=None,
+               **kwargs):
+    autocast = context.get_recipe()
+    if autocast is None:  # exactly the stock call
+      stock = jnp.einsum if self.einsum else lax.dot_general
+      return stock(*args, precision=precision, preferred_element_type=preferred_element_type,
+                   out_sharding=out_sharding, **kwargs)
+    recipe = autocast if self.recipe == _AUTOCAST else self.recipe
+    if recipe.stateful():
+      raise ValueError(
+          f"mxjax.nnx.quantize: layer '{self.path}' runs {type(recipe).__name__}, which keeps "
+          "per-tensor state that an unchanged nnx.state cannot hold. Use a stateless recipe "
+          "(MX block scaling, Float8CurrentScaling) for it, a rule (pattern, None), or "
+          "mxjax.nnx.Linear, which keeps the state.")
+
+    def dot(lhs, rhs, dims):
+      dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
+      return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
+                           where=f"layer '{self.path}'", dimension_numbers=dims)[0]
+
+    y = einsum_as_dot_general(*args, dot) if self.einsum else dot(*args)
+    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+
+
+def _stock_product(layer) -> tuple[str, object] | None:
+  """(attribute, its stock value) of a layer's product, or None for other nodes."""
+  if isinstance(layer, nnx.Einsum):
+    return "einsum_op", jnp.einsum
+  if isinstance(layer, nnx.Linear):
+    return "dot_general", lax.dot_general
+  if isinstance(layer, nnx.LinearGeneral):
+    return "dot_general", None
+  return None
+
+
+def _path(path) -> str:
+  return "/".join(str(p) for p in path)
+
+
+def _layers(model):
+  """(path, layer, product attribute, stock value) of each stock GEMM layer, graph order."""
+  for path, node in nnx.iter_graph(model):
+    product = _stock_product(node)
+    if product is not None:
+      yield _path(path), node, *product
+
+
+def gemm_paths(model: nnx.Module) -> list[str]:
+  """The graph paths of a model's stock Linear, LinearGeneral and Einsum layers and
+  mxjax's own Linear layers, in graph order."""
+  return [_path(path) for path, node in nnx.iter_graph(model)
+          if _stock_product(node) is not None or isinstance(node, Linear)]
+
+
+def quantize(model: nnx.Module, rules=None) -> nnx.Module:
+  """Gives every stock Linear / LinearGeneral / Einsum of `model` an MX product, in place.
+
+  Args:
+    model: an `nnx.Module`.
+    rules: `(regex, recipe or None)` pairs matched with `re.search` against each layer's
+      graph path (`mxjax.rules`); a layer no rule matches follows the autocast recipe.
+
+  Returns:
+    `model` itself. Everything is checked before anything changes: a bad rule, or a
+    matched layer that already has a product of its own (not the stock one, nor an
+    earlier `quantize`'s), raises and leaves the model as it was.
+  """
+  if not isinstance(model, nnx.Module):
+    raise TypeError(f"mxjax.nnx.quantize needs an nnx.Module, got {type(model).__name__}")
+  rules = rules_lib.check(rules, "mxjax.nnx.quantize rules")
+  plan = []
+  for path, layer, attr, stock in _layers(model):
+    rule = rules_lib.match(rules, path)
+    recipe = _AUTOCAST if rule is None else rule[1]
+    current = getattr(layer, attr)
+    ours = isinstance(current, MXProduct)
+    if recipe is None:
+      if ours:  # an earlier quantize's product: back to the stock one
+        plan.append((layer, attr, stock))
+      continue
+    if not ours and current is not stock:
+      raise ValueError(f"mxjax.nnx.quantize: layer '{path}' ({type(layer).__name__}) already "
+                       f"has its own {attr} ({current!r}); give it a rule (pattern, None) to "
+                       "leave it, or remove its custom product")
+    if attr == "dot_general" and getattr(layer, "dot_general_cls", None) is not None:
+      raise ValueError(f"mxjax.nnx.quantize: layer '{path}' has a dot_general_cls, which "
+                       "takes precedence over dot_general; give it a rule (pattern, None)")
+    plan.append((layer, attr, MXProduct(path, recipe, einsum=attr == "einsum_op")))
+  for layer, attr, value in plan:
+    setattr(layer, attr, value)
+  return model

@@ -1,0 +1,54 @@
+"""Weight quantizers of the sweep's rows, in plain jnp: what a user would pick instead of MX.
+
+Each maps a GEMM kernel in 2-D form `w [K, N]` (K contracted) to its quantize-dequantize
+in w's dtype, with a straight-through gradient (the identity), so the same function
+serves weight-only QAT and PTQ:
+
+- `int8_per_channel`: symmetric INT8 with one f32 scale per output channel (column n):
+  `scale = max_k |w[k, n]| / 127`, `q = clip(round(w / scale), -127, 127)`. The matmul
+  then runs in high precision on `q * scale` (weight-only quantization).
+- `fp8_per_tensor`: one scale for the whole kernel, `fp8_max / amax` (as
+  `mxjax.fp8`'s current scaling computes it), elements cast to FP8.
+- `mx`: MX block quantization along K (`mxjax.quantize.fake_quantize`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mxjax import fp8
+from mxjax import formats as mx_formats
+from mxjax.quantize import fake_quantize
+
+INT8_MAX = 127
+
+
+def _straight_through(w, wq):
+  """`wq` in the forward pass, the identity's gradient in the backward pass."""
+  return w + jax.lax.stop_gradient(wq - w)
+
+
+def int8_per_channel(w: jax.Array) -> jax.Array:
+  """w [K, N] -> INT8-per-output-channel quantize-dequantize of w, same shape and dtype.
+
+  A column of zeros stays zero.
+  """
+  w32 = w.astype(jnp.float32)
+  amax = jnp.max(jnp.abs(w32), axis=0, keepdims=True)  # [1, N]
+  scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
+  q = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+  return _straight_through(w, (q.astype(jnp.float32) * scale).astype(w.dtype))
+
+
+def fp8_per_tensor(w: jax.Array, fmt: str = "e4m3") -> jax.Array:
+  """w [K, N] -> per-tensor FP8 quantize-dequantize of w (scale `fp8_max / amax`)."""
+  amax = jnp.max(jnp.abs(w.astype(jnp.float32)))
+  scale = jnp.where(amax > 0, mx_formats.element_format(fmt).max / amax, 1.0)
+  wq = fp8.dequantize_per_tensor(fp8.quantize_per_tensor(w, scale, fmt), scale, w.dtype)
+  return _straight_through(w, wq)
+
+
+def mx(w: jax.Array, fmt: str, block_size: int = 32, scale_mode: str = "rceil") -> jax.Array:
+  """w [K, N] -> MX quantize-dequantize of w in blocks of `block_size` along K."""
+  return fake_quantize(w, fmt, axis=0, block_size=block_size, scale_mode=scale_mode)

@@ -1,0 +1,288 @@
+"""Stock linen models through mxjax: Flax's hooks and `mxjax.linen.intercept(rules)`.
+
+The models are built from stock `flax.linen` layers only (Embed, LayerNorm,
+MultiHeadDotProductAttention, Dense, DenseGeneral, Einsum).
+"""
+
+import contextlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import mxjax
+from mxjax import state as state_lib
+
+VOCAB, D, HEADS, T, BATCH = 64, 64, 4, 16, 8
+MX = mxjax.MXFP8BlockScaling()
+
+
+class Block(nn.Module):
+  """Pre-norm decoder block: causal self-attention, then a Dense MLP."""
+
+  hooks: bool = False  # Flax's own hooks set to mxjax's classes
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    hook = dict(qkv_dot_general_cls=mxjax.linen.DotGeneral,
+                out_dot_general_cls=mxjax.linen.DotGeneral,
+                qk_attn_weights_einsum_cls=mxjax.linen.Einsum,
+                attn_weights_value_einsum_cls=mxjax.linen.Einsum) if self.hooks else {}
+    dense = dict(dot_general_cls=mxjax.linen.DotGeneral) if self.hooks else {}
+    h = nn.LayerNorm(dtype=self.dtype)(x)
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+    x = x + nn.MultiHeadDotProductAttention(HEADS, dtype=self.dtype, name="attn", **hook)(
+        h, h, mask=mask)
+    h = nn.LayerNorm(dtype=self.dtype)(x)
+    h = nn.gelu(nn.Dense(4 * D, dtype=self.dtype, name="mlp_in", **dense)(h))
+    return x + nn.DenseGeneral(D, dtype=self.dtype, name="mlp_out", **dense)(h)
+
+
+class Decoder(nn.Module):
+  """Byte-level decoder LM: tokens int[B, T] -> logits f32[B, T, VOCAB]."""
+
+  hooks: bool = False
+  dtype: jnp.dtype = jnp.float32
+  layers: int = 2
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, D, name="embed")(tokens)
+    for i in range(self.layers):
+      x = Block(self.hooks, self.dtype, name=f"block_{i}")(x)
+    x = nn.LayerNorm(dtype=self.dtype)(x)
+    # a stock Einsum as the LM head
+    logits = nn.Einsum((D, VOCAB), "btd,dv->btv", dtype=self.dtype, name="lm_head")(x)
+    return logits.astype(jnp.float32)
+
+
+def tokens(seed=0, batch=BATCH):
+  """A learnable sequence task: each token is the previous one plus a per-row step."""
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  start = jax.random.randint(k1, (batch, 1), 0, VOCAB)
+  step = jax.random.randint(k2, (batch, 1), 1, 4)
+  return (start + step * jnp.arange(T + 1)) % VOCAB
+
+
+@pytest.fixture(scope="module")
+def stock():
+  model = Decoder()
+  return model, model.init(jax.random.key(0), tokens()[:, :-1])
+
+
+def relative_error(a, b):
+  return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def test_params_are_identical_with_and_without_mxjax(stock):
+  model, variables = stock
+  x = tokens()[:, :-1]
+  for recipe in (None, MX):
+    with mxjax.autocast(enabled=recipe is not None, recipe=recipe), mxjax.linen.intercept():
+      got = model.init(jax.random.key(0), x)
+    assert jax.tree.structure(got) == jax.tree.structure(variables)  # no extra collection
+    assert all(bool(jnp.all(a == b)) for a, b in
+               zip(jax.tree.leaves(got), jax.tree.leaves(variables)))
+  hooked = Decoder(hooks=True).init(jax.random.key(0), x)
+  assert jax.tree.structure(hooked) == jax.tree.structure(variables)
+  assert all(bool(jnp.all(a == b)) for a, b in
+             zip(jax.tree.leaves(hooked), jax.tree.leaves(variables)))
+
+
+@pytest.mark.parametrize("way", ["intercept", "hooks"])
+def test_off_is_bit_identical_and_mxfp8_close_but_not_equal(way):
+  """One block: its logits carry the error of 7 E4M3 GEMMs, two of them in series per
+  branch (about 7%). (Two blocks, at init, measured 10.5%: each E4M3 product adds ~3.75%.)"""
+  model = Decoder(layers=1)
+  x = tokens(1)[:, :-1]
+  variables = model.init(jax.random.key(0), x)
+  want = jax.jit(model.apply)(variables, x)
+  if way == "hooks":
+    run = jax.jit(Decoder(hooks=True, layers=1).apply)
+    off = run(variables, x)
+    with mxjax.autocast(recipe=MX):
+      mx = run(variables, x)
+  else:
+    run = jax.jit(model.apply)
+    with mxjax.linen.intercept():
+      off = run(variables, x)
+      with mxjax.autocast(recipe=MX):
+        mx = run(variables, x)
+  assert bool(jnp.all(off == want))
+  assert not bool(jnp.all(mx == want))
+  assert relative_error(mx, want) < 0.10
+
+
+def _layer_runs(model, variables, x):
+  """Applies `model` under the enclosing contexts and records every stock GEMM layer's
+  call: {path: (the layer, its params, its input, its output)}."""
+  calls = {}
+
+  def record(next_fun, args, kwargs, ctx):
+    y = next_fun(*args, **kwargs)
+    if ctx.method_name == "__call__" and isinstance(ctx.module, (nn.Dense, nn.DenseGeneral,
+                                                                 nn.Einsum)):
+      path = "/".join(ctx.module.scope.path)
+      calls[path] = (ctx.module.clone(parent=None), ctx.module.variables["params"], args, y)
+    return y
+
+  with nn.intercept_methods(record):  # outermost: sees what mxjax's interception makes
+    with mxjax.autocast(recipe=MX), mxjax.linen.intercept(RULES):
+      model.apply(variables, x)
+  return calls
+
+
+RULES = [(r"lm_head", None), (r"attn/(query|key)$", None), (r"block_1/mlp", None)]
+HIGH_PRECISION = {"lm_head", "block_0/attn/query", "block_0/attn/key", "block_1/attn/query",
+                  "block_1/attn/key", "block_1/mlp_in", "block_1/mlp_out"}
+
+
+def test_a_none_rule_keeps_exactly_the_matching_layers_in_high_precision(stock):
+  model, variables = stock
+  calls = _layer_runs(model, variables, tokens(2)[:, :-1])
+  assert len(calls) == 2 * 6 + 1  # q, k, v, out, mlp_in, mlp_out per block; the head
+  for path, (layer, params, args, y) in calls.items():
+    stock_y = layer.apply({"params": params}, *args)  # the stock layer, same input
+    if path in HIGH_PRECISION:
+      assert bool(jnp.all(y == stock_y)), path
+    else:
+      assert not bool(jnp.all(y == stock_y)), path
+      assert relative_error(y, stock_y) < 0.10, path
+  assert set(calls) >= HIGH_PRECISION
+
+
+def test_jit_retraces_when_the_recipe_or_the_rules_change(stock):
+  model, variables = stock
+  x = tokens()[:, :-1]
+  traces = []
+
+  @jax.jit
+  def forward(variables, x):
+    traces.append(1)
+    return model.apply(variables, x)
+
+  plain = forward(variables, x)
+  with mxjax.autocast(recipe=MX):
+    assert bool(jnp.all(forward(variables, x) == plain))  # no intercept: stock model
+    with mxjax.linen.intercept():
+      a = forward(variables, x)
+      assert bool(jnp.all(forward(variables, x) == a))  # same rules: cached
+    with mxjax.linen.intercept([(r"lm_head", None)]):
+      b = forward(variables, x)
+    with mxjax.linen.intercept([(r"lm_head", None)]):
+      assert bool(jnp.all(forward(variables, x) == b))  # equal rules: cached
+  with mxjax.autocast(recipe=mxjax.MXFP4BlockScaling()), mxjax.linen.intercept():
+    c = forward(variables, x)
+  assert len(traces) == 5
+  assert len({a.tobytes() for a in (plain, a, b, c)}) == 4
+
+
+def _train(model, variables, recipe, steps=60):
+  """The loss after `steps` Adam steps of the stock `model`, intercepted under `recipe`."""
+  opt = optax.adam(3e-3)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    def loss_fn(params):
+      logits = model.apply({"params": params}, batch[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params = variables["params"]
+  opt_state = opt.init(params)
+  with mxjax.autocast(enabled=recipe is not None, recipe=recipe), mxjax.linen.intercept():
+    for i in range(steps):
+      params, opt_state, loss = step(params, opt_state, tokens(100 + i))
+  return float(loss)
+
+
+def test_sixty_mxfp8_steps_reach_the_bf16_loss():
+  model = Decoder(dtype=jnp.bfloat16)
+  variables = model.init(jax.random.key(0), tokens()[:, :-1])
+  bf16, mx = _train(model, variables, None), _train(model, variables, MX)
+  assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
+  assert abs(mx - bf16) / bf16 < 0.05, (mx, bf16)
+
+
+@pytest.mark.parametrize("way", ["intercept", "hooks"])
+def test_delayed_scaling_keeps_and_advances_its_state(stock, way):
+  _, stock_variables = stock
+  model = Decoder(hooks=way == "hooks")
+  x = tokens()[:, :-1]
+  recipe = mxjax.DelayedScaling(amax_history_len=4)
+  intercept = mxjax.linen.intercept if way == "intercept" else contextlib.nullcontext
+  with mxjax.autocast(recipe=recipe), intercept():
+    variables = model.init(jax.random.key(0), x)
+    _, updated = model.apply(variables, x, mutable=[state_lib.STATE_COLLECTION])
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), variables["params"],
+                                   stock_variables["params"]))
+  states = {path: leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
+      updated[state_lib.STATE_COLLECTION], is_leaf=lambda n: isinstance(
+          n, state_lib.RecipeState))[0]}
+  assert len(states) == 2 * 6 + (1 if way == "intercept" else 0) + (4 if way == "hooks" else 0)
+  # The MLP input layer's kernel amax is recorded: the max |kernel| of its params.
+  key = next(k for k in states if "block_0" in str(k) and "mlp_in" in str(k))
+  kernel = variables["params"]["block_0"]["mlp_in"]["kernel"]
+  history = states[key].tensors["kernel"].amax_history
+  assert float(history[0]) == float(jnp.max(jnp.abs(kernel)))
+  assert float(states[key].tensors["input"].amax_history[0]) > 0
+
+
+def test_bad_rules_are_clear_errors_and_enter_nothing(stock):
+  model, variables = stock
+  x = tokens()[:, :-1]
+  with pytest.raises(ValueError, match=r"rules\[1\]: '\(unclosed' is not a valid regular"):
+    with mxjax.linen.intercept([("lm_head", None), ("(unclosed", MX)]):
+      pass
+  with pytest.raises(TypeError, match=r"rules\[0\] \('mlp'\): the recipe must be an mxjax"):
+    with mxjax.linen.intercept([("mlp", "mxfp8")]):
+      pass
+  with pytest.raises(TypeError, match="pair"):
+    with mxjax.linen.intercept([("mlp",)]):
+      pass
+  # nothing stayed entered: under autocast the model is the stock one again
+  want = jax.jit(model.apply)(variables, x)
+  with mxjax.autocast(recipe=MX):
+    assert mxjax.context.get_layer_rules() is None
+    assert bool(jnp.all(jax.jit(model.apply)(variables, x) == want))
+
+
+def test_quantized_kernel_mismatch_names_the_layer_path():
+  """mxjax's own modules follow the rules too; a kernel stored quantized for one recipe
+  meeting another raises, naming the layer."""
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return mxjax.linen.Dense(32, name="head")(mxjax.linen.Dense(64, name="body")(x))
+
+  x = jnp.ones((4, 64))
+  with mxjax.quantized_model_init(recipe=MX):
+    variables = Net().init(jax.random.key(0), x)
+  with mxjax.autocast(recipe=MX), mxjax.linen.intercept(
+      [("head", mxjax.MXFP4BlockScaling())]):
+    with pytest.raises(ValueError, match="Recipe mismatch for Dense 'head'"):
+      Net().apply(variables, x)
+
+
+def test_gemm_paths_and_presets(stock):
+  model, _ = stock
+  paths = mxjax.linen.gemm_paths(model, tokens()[:, :-1])
+  assert paths == [f"block_{i}/{name}" for i in range(2) for name in
+                   ("attn/query", "attn/key", "attn/value", "attn/out", "mlp_in", "mlp_out")
+                   ] + ["lm_head"]
+  rules = mxjax.rules.preset("no_ends", paths)
+  high = {p for p in paths if mxjax.rules.recipe_for(rules, p, MX) is None}
+  assert high == {"block_0/attn/query", "lm_head"}
+  rules = mxjax.rules.preset("mlp_only")
+  quantized = {p for p in paths if mxjax.rules.recipe_for(rules, p, MX) is not None}
+  assert quantized == {"block_0/mlp_in", "block_0/mlp_out", "block_1/mlp_in",
+                       "block_1/mlp_out"}
+  assert mxjax.rules.preset("all") == ()
+  with pytest.raises(ValueError, match="unknown rules preset 'most'"):
+    mxjax.rules.preset("most")

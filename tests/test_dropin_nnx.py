@@ -1,0 +1,199 @@
+"""Stock NNX models through `mxjax.nnx.quantize(model, rules)`.
+
+The model is built from stock `flax.nnx` layers only (Embed, LayerNorm, Einsum
+projections, MultiHeadAttention, Linear, LinearGeneral).
+"""
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+import mxjax
+
+VOCAB, D, HEADS, T, BATCH = 64, 64, 4, 16, 8
+MX = mxjax.MXFP8BlockScaling()
+
+
+class Block(nnx.Module):
+  """Einsum q/k/v projections -> causal attention (nnx.MultiHeadAttention's own
+  projections too) -> Linear MLP."""
+
+  def __init__(self, *, dtype, rngs: nnx.Rngs):
+    self.norm1 = nnx.LayerNorm(D, dtype=dtype, rngs=rngs)
+    self.qkv_einsum = nnx.Einsum("btd,dnhk->btnhk", (D, 3, HEADS, D // HEADS),
+                                 (3, HEADS, D // HEADS), dtype=dtype, rngs=rngs)
+    self.attn = nnx.MultiHeadAttention(HEADS, D, dtype=dtype, decode=False, rngs=rngs)
+    self.norm2 = nnx.LayerNorm(D, dtype=dtype, rngs=rngs)
+    self.mlp_in = nnx.Linear(D, 4 * D, dtype=dtype, rngs=rngs)
+    self.mlp_out = nnx.LinearGeneral(4 * D, D, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x):
+    qkv = self.qkv_einsum(self.norm1(x)).reshape(*x.shape[:2], 3, D)
+    mask = nnx.make_causal_mask(jnp.ones(x.shape[:2]))
+    x = x + self.attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask=mask)
+    return x + self.mlp_out(nnx.gelu(self.mlp_in(self.norm2(x))))
+
+
+class Decoder(nnx.Module):
+  """tokens int[B, T] -> logits f32[B, T, VOCAB]."""
+
+  def __init__(self, *, layers=2, dtype=jnp.float32, seed=0):
+    rngs = nnx.Rngs(seed)
+    self.embed = nnx.Embed(VOCAB, D, rngs=rngs)
+    self.layers = nnx.List([Block(dtype=dtype, rngs=rngs) for _ in range(layers)])
+    self.norm = nnx.LayerNorm(D, dtype=dtype, rngs=rngs)
+    self.lm_head = nnx.Linear(D, VOCAB, dtype=dtype, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.embed(tokens)
+    for block in self.layers:
+      x = block(x)
+    return self.lm_head(self.norm(x)).astype(jnp.float32)
+
+
+def tokens(seed=0):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  start = jax.random.randint(k1, (BATCH, 1), 0, VOCAB)
+  step = jax.random.randint(k2, (BATCH, 1), 1, 4)
+  return (start + step * jnp.arange(T + 1)) % VOCAB
+
+
+def relative_error(a, b):
+  return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def same_state(a, b) -> bool:
+  return jax.tree.structure(a) == jax.tree.structure(b) and all(
+      bool(jnp.all(x == y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_state_unchanged_off_bit_identical_mxfp8_close():
+  stock, model = Decoder(layers=1), Decoder(layers=1)
+  x = tokens(1)[:, :-1]
+  want = stock(x)
+  assert mxjax.nnx.quantize(model) is model
+  assert same_state(nnx.state(model), nnx.state(stock))
+  assert bool(jnp.all(model(x) == want))  # autocast off: the stock computation
+  with mxjax.autocast(recipe=MX):
+    mx = model(x)
+  assert not bool(jnp.all(mx == want))
+  assert relative_error(mx, want) < 0.10
+
+
+RULES = [(r"lm_head", None), (r"attn/(query|key)$", None), (r"layers/1/mlp", None)]
+HIGH_PRECISION = {"lm_head", "layers/0/attn/query", "layers/0/attn/key",
+                  "layers/1/attn/query", "layers/1/attn/key", "layers/1/mlp_in",
+                  "layers/1/mlp_out"}
+
+
+def test_a_none_rule_keeps_exactly_the_matching_layers_in_high_precision():
+  stock, model = Decoder(), Decoder()
+  mxjax.nnx.quantize(model, RULES)
+  paths = mxjax.nnx.gemm_paths(model)
+  assert len(paths) == 2 * 7 + 1 and HIGH_PRECISION <= set(paths)
+  layers, stock_layers = dict(nnx.iter_graph(model)), dict(nnx.iter_graph(stock))
+  for path in paths:
+    key = tuple(int(p) if p.isdigit() else p for p in path.split("/"))
+    layer, stock_layer = layers[key], stock_layers[key]
+    in_shape = getattr(layer, "in_features", layer.kernel.shape[0])
+    in_shape = (in_shape,) if isinstance(in_shape, int) else tuple(in_shape)
+    x = jax.random.normal(jax.random.key(3), (2, 5, *in_shape))
+    with mxjax.autocast(recipe=MX):
+      y = layer(x)
+    want = stock_layer(x)
+    if path in HIGH_PRECISION:
+      assert bool(jnp.all(y == want)), path
+    else:
+      assert not bool(jnp.all(y == want)), path
+      assert relative_error(y, want) < 0.10, path
+
+
+def test_jit_retraces_when_the_recipe_or_the_rules_change():
+  model = Decoder(layers=1)
+  x = tokens()[:, :-1]
+  traces = []
+
+  @nnx.jit
+  def forward(model, x):
+    traces.append(1)
+    return model(x)
+
+  plain = forward(model, x)
+  mxjax.nnx.quantize(model)
+  with mxjax.autocast(recipe=MX):
+    a = forward(model, x)
+    assert bool(jnp.all(forward(model, x) == a))  # cached
+  mxjax.nnx.quantize(model, [(r"lm_head", None)])
+  with mxjax.autocast(recipe=MX):
+    b = forward(model, x)
+  with mxjax.autocast(recipe=mxjax.MXFP4BlockScaling()):
+    c = forward(model, x)
+  assert len(traces) == 4
+  assert len({v.tobytes() for v in (plain, a, b, c)}) == 4
+
+
+def _train(recipe, steps=60):
+  model = Decoder(dtype=jnp.bfloat16)
+  mxjax.nnx.quantize(model)
+  optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer, batch):
+    def loss_fn(model):
+      logits = model(batch[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  with mxjax.autocast(enabled=recipe is not None, recipe=recipe):
+    for i in range(steps):
+      loss = step(model, optimizer, tokens(100 + i))
+  return float(loss)
+
+
+def test_sixty_mxfp8_steps_reach_the_bf16_loss():
+  bf16, mx = _train(None), _train(MX)
+  assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
+  assert abs(mx - bf16) / bf16 < 0.05, (mx, bf16)
+
+
+def test_delayed_scaling_is_a_clear_error_naming_the_layer():
+  model = mxjax.nnx.quantize(Decoder(layers=1), [(r"^(?!layers/0/mlp_in)", None)])
+  with mxjax.autocast(recipe=mxjax.DelayedScaling()):
+    with pytest.raises(ValueError, match="layer 'layers/0/mlp_in' runs DelayedScaling"):
+      model(tokens()[:, :-1])
+
+
+def test_bad_input_is_a_clear_error_and_changes_nothing():
+  with pytest.raises(TypeError, match="needs an nnx.Module, got dict"):
+    mxjax.nnx.quantize({"kernel": jnp.ones(3)})
+  model, stock = Decoder(layers=1), Decoder(layers=1)
+  with pytest.raises(ValueError, match=r"rules\[1\]: '\[' is not a valid regular expression"):
+    mxjax.nnx.quantize(model, [("lm_head", None), ("[", MX)])
+  with pytest.raises(TypeError, match="must be an mxjax recipe"):
+    mxjax.nnx.quantize(model, [("lm_head", optax.adam(1e-3))])
+  # a layer with a product of its own that a rule would replace
+  model.layers[0].mlp_in.dot_general = lambda *a, **k: jax.lax.dot_general(*a, **k)
+  with pytest.raises(ValueError, match="layer 'layers/0/mlp_in' .* already has its own"):
+    mxjax.nnx.quantize(model)
+  x = tokens()[:, :-1]
+  with mxjax.autocast(recipe=MX):  # nothing was quantized by the failed calls
+    assert bool(jnp.all(model(x) == stock(x)))
+  # a rule (pattern, None) leaves that layer as it is; the others are quantized
+  mxjax.nnx.quantize(model, [("mlp_in", None)])
+  with mxjax.autocast(recipe=MX):
+    assert not bool(jnp.all(model(x) == stock(x)))
+
+
+def test_requantizing_with_a_none_rule_restores_the_stock_product():
+  model, stock = Decoder(layers=1), Decoder(layers=1)
+  mxjax.nnx.quantize(model)
+  mxjax.nnx.quantize(model, [(".*", None)])
+  x = tokens()[:, :-1]
+  with mxjax.autocast(recipe=MX):
+    assert bool(jnp.all(model(x) == stock(x)))
+  assert flax.nnx.graphdef(model) == flax.nnx.graphdef(stock)
