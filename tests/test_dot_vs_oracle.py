@@ -93,10 +93,10 @@ def test_gradients_equal_products_of_oracle_dequantized(name, lhs_shape, rhs_sha
 
 
 def test_product_is_exact_down_to_the_smallest_normal_f32_and_bounded_below():
-  """The dot multiplies dequantized bf16 operands with f32 accumulation. An element whose
+  """The dot multiplies dequantized f32 operands with f32 accumulation. An element whose
   dequantized magnitude is at least 2^-126 enters exactly; a smaller one (an E4M3 element
-  under a scale near 2^-127) may be lost: below 2^-133 it is not a bf16, and XLA's CPU
-  flushes f32 subnormals. So |dot - exact| <= sum over such elements of |a_k| |b_k|."""
+  under a scale near 2^-127) may be lost: XLA's CPU flushes f32 subnormals. So
+  |dot - exact| <= sum over such elements of |a_k| |b_k|."""
   k = np.arange(32, dtype=np.float32)
   normal = (k % 7 - 3) / 4  # E4M3 values; products and sums exact in f32
   tiny = (k % 5 + 1) * 2.0 ** -132  # one block whose scale is clamped to 2^-127

@@ -46,3 +46,12 @@ def test_sharded_train_short_run_on_both_kernel_paths():
   ffi, xla = sharded_losses("auto"), sharded_losses("xla")
   assert len(ffi) == 3 and all(math.isfinite(float(v)) for v in ffi)
   assert ffi == xla
+
+
+def test_dropin_flax_short_run():
+  out = run_example("dropin_flax.py", "--steps", "3", "--every", "1", "--tier", "mlp_only")
+  match = re.search(r"validation loss: bf16 ([\d.]+), mxfp8 ([\d.]+)", out)
+  assert match, out[-2000:]
+  bf16, mxfp8 = float(match[1]), float(match[2])
+  assert 0 < bf16 < 20 and math.isfinite(mxfp8)
+  assert abs(mxfp8 - bf16) < 0.05 * bf16  # the same stock model, MXFP8 MLPs only: close
