@@ -37,6 +37,11 @@ def quantize_per_tensor(x, scale, format: str = "e4m3") -> jax.Array:
   return jnp.clip(scaled, -fmt.max, fmt.max).astype(_FP8_DTYPES[fmt.name])
 
 
+def dequantize_per_tensor(q, scale, dtype=jnp.float32) -> jax.Array:
+  """`q / scale` in `dtype`."""
+  return (q.astype(jnp.float32) / jnp.asarray(scale, jnp.float32)).astype(dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Config:
   dimension_numbers: Any

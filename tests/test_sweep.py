@@ -146,8 +146,8 @@ def test_tier_reaches_the_gemms_its_rules_name(tiny, tier, reached):
   rules = rules_lib.preset(tier, mxl.gemm_paths(lm, tokens))
   gemm = train.Treatment(MXFP8BlockScaling(), rules=rules)
   with gemm.context():
-    text = str(jax.make_jaxpr(lambda p: lm.apply({"params": p}, tokens))(params))
-  assert len(re.findall(r"target_name=mxjax_quantize\b", text)) == 2 * len(reached)
+    targets = ffi_targets(jax.make_jaxpr(lambda p: lm.apply({"params": p}, tokens))(params))
+  assert targets.count("mxjax_quantize") == 2 * len(reached)
   weights = train.Treatment(weight_quantizer=jnp.zeros_like, rules=rules).weights(params)
   zeroed = [model_lib.layer_path(p) for p, w in model_lib.kernels(weights).items()
             if not np.any(w)]
