@@ -11,6 +11,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import fp8, state as state_lib
 from mxjax.dot import dot_general as mx_dot_general
@@ -19,6 +20,21 @@ from mxjax.quantize import quantize_2x
 from mxjax.recipes import Recipe, recipe_for_quantized_weight
 
 _DIMS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731  x[..., K] . w[K, N]
+
+
+def flat_features_sharding(out_sharding, n_lead: int, n_features: int):
+  """The sharding of an output [*lead, *features] (`n_lead`, `n_features` dims) with the
+  features flattened to one dim, as the projection makes it; None stays None."""
+  if out_sharding is None or n_features == 1:
+    return out_sharding
+  named = isinstance(out_sharding, NamedSharding)
+  spec = tuple(out_sharding.spec if named else out_sharding)
+  spec += (None,) * (n_lead + n_features - len(spec))
+  if any(entry is not None for entry in spec[n_lead:]):
+    raise ValueError(f"out_sharding {out_sharding} shards a feature dim of a multi-dim "
+                     "features output; only the leading dims can be sharded there")
+  spec = PartitionSpec(*spec[:n_lead], None)
+  return NamedSharding(out_sharding.mesh, spec) if named else spec
 
 
 def is_quantized(kernel) -> bool:
@@ -106,7 +122,8 @@ _attach.defvjp(_attach_fwd, _attach_bwd)
 
 
 def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
-            held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None):
+            held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None,
+            out_sharding=None):
   """`x . kernel` under `recipe`.
 
   Args:
@@ -121,6 +138,8 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     dimension_numbers: as in `lax.dot_general`; default `x[..., K] . kernel[K, N]`.
     precision: passed to `lax.dot_general` in high precision (the MX and FP8 products
       fix their own).
+    out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
+      (needed where the contraction is sharded); MX and high precision only.
 
   Returns:
     (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
@@ -133,11 +152,15 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   if recipe is None:
     if quantized:
       kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(dtype)
-    y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype)
+    y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype,
+                        out_sharding=out_sharding)
   elif recipe.mx():
     y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,
-                       scale_mode=recipe.scale_mode, preferred_element_type=dtype)
+                       scale_mode=recipe.scale_mode, preferred_element_type=dtype,
+                       out_sharding=out_sharding)
+  elif out_sharding is not None:
+    raise NotImplementedError(f"{where}: out_sharding is not supported for {recipe}")
   elif recipe.fp8():
     y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype)

@@ -1,9 +1,9 @@
 """Block-scaled `dot_general` with a custom VJP: MX forward, MX gradients.
 
-Every product is canonicalized to `lhs [B, M, K] x rhs [B, K, N] -> [B, M, N]` (batch,
-free and contracting dims each flattened, in `lax.dot_general`'s output order; for the
-usual `x[..., K] . w[K, N]` that is only a reshape), so blocks always run along the
-flattened axis each product contracts:
+Every product is canonicalized to `lhs [*B, M, K] x rhs [*B, K, N] -> [*B, M, N]` (batch
+dims kept as they are, free and contracting dims each flattened, in `lax.dot_general`'s
+output order; for the usual `x[..., K] . w[K, N]` that is only a reshape), so blocks
+always run along the flattened axis each product contracts:
 
   forward   out   = q(lhs, K) . q(rhs, K)             fwd_format
   dgrad     dlhs  = q(g, N)   . q(rhs, N)             g in bwd_format, rhs in fwd_format
@@ -36,8 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import formats
+from mxjax import formats, sharding
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize, quantize_2x
 
@@ -46,18 +47,22 @@ DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-  """How one operand maps to its canonical form: `[B, M, K]` for lhs, `[B, K, N]` for rhs."""
+  """How one operand maps to its canonical form: `[*B, M, K]` for lhs, `[*B, K, N]` for rhs.
+
+  Batch dims stay separate (merging two sharded ones would move data); the free and the
+  contracting dims are each merged into one."""
 
   shape: tuple[int, ...]
   batch: tuple[int, ...]
   free: tuple[int, ...]
   contract: tuple[int, ...]
-  contract_first: bool  # rhs: [B, K, N]
+  contract_first: bool  # rhs: [*B, K, N]
 
   @property
   def groups(self) -> tuple[tuple[int, ...], ...]:
+    """The operand's dims per canonical dim: each batch dim alone, then M / K or K / N."""
     middle = (self.contract, self.free) if self.contract_first else (self.free, self.contract)
-    return (self.batch, *middle)
+    return (*((d,) for d in self.batch), *middle)
 
   @property
   def perm(self) -> tuple[int, ...]:
@@ -65,26 +70,90 @@ class _Layout:
 
   @property
   def contract_axis(self) -> int:
-    """Where K sits in the canonical form (1 or 2); the free axis is the other one."""
-    return 1 if self.contract_first else 2
+    """Where K sits in the canonical form, from the end (-2 or -1); the free axis is the
+    other one."""
+    return -2 if self.contract_first else -1
 
   @property
   def free_axis(self) -> int:
-    return 3 - self.contract_axis
+    return -3 - self.contract_axis
 
   def sizes(self, dims) -> tuple[int, ...]:
     return tuple(self.shape[d] for d in dims)
 
   @property
-  def canonical_shape(self) -> tuple[int, int, int]:
+  def canonical_shape(self) -> tuple[int, ...]:
     return tuple(math.prod(self.sizes(g)) for g in self.groups)
 
   def to_canonical(self, x: jax.Array) -> jax.Array:
-    return jnp.transpose(x, self.perm).reshape(self.canonical_shape)
+    return _merge_groups(jnp.transpose(x, self.perm), [len(g) for g in self.groups])
 
   def from_canonical(self, x: jax.Array) -> jax.Array:
-    x = x.reshape(self.sizes(self.perm))
+    x = _split_groups(x, [self.sizes(g) for g in self.groups])
     return jnp.transpose(x, np.argsort(self.perm))
+
+  def canonical_sharding(self, primal_sharding):
+    """The sharding of the canonical form of an operand sharded as `primal_sharding`
+    (a NamedSharding over Explicit axes, or None)."""
+    if primal_sharding is None:
+      return None
+    spec = _padded_spec(primal_sharding, len(self.shape))
+    transposed = NamedSharding(primal_sharding.mesh, PartitionSpec(*(spec[d] for d in self.perm)))
+    return _merged_sharding(transposed, self.sizes(self.perm), [len(g) for g in self.groups])
+
+
+def _padded_spec(named: NamedSharding, ndim: int) -> tuple:
+  spec = tuple(named.spec)
+  return spec + (None,) * (ndim - len(spec))
+
+
+def _merged_sharding(named: NamedSharding | None, shape, lengths: Sequence[int]):
+  """The sharding of an array sharded as `named` once runs of `lengths` dims are merged."""
+  if named is None:
+    return None
+  spec, starts = _padded_spec(named, len(shape)), np.cumsum([0, *lengths]).tolist()
+  merged = [sharding.merge_dims(spec[a:b], shape[a:b], named.mesh)[1]
+            for a, b in zip(starts, starts[1:])]
+  return NamedSharding(named.mesh, PartitionSpec(*merged))
+
+
+def _merge_groups(x: jax.Array, lengths: Sequence[int]) -> jax.Array:
+  """x with each run of `lengths` consecutive dims merged into one. Under Explicit axes
+  the merged dims keep their shards (see `sharding.merge_dims`; a dim that cannot is
+  gathered first)."""
+  starts = np.cumsum([0, *lengths]).tolist()
+  shape = tuple(math.prod(x.shape[a:b]) for a, b in zip(starts, starts[1:]))
+  spec = sharding.typed_spec(x)
+  if spec is None:
+    return x.reshape(shape)
+  mesh = jax.typeof(x).sharding.mesh
+  kept, merged = [], []
+  for a, b in zip(starts, starts[1:]):
+    entries, entry = sharding.merge_dims(spec[a:b], x.shape[a:b], mesh)
+    kept += entries
+    merged.append(entry)
+  if tuple(kept) != spec:
+    x = jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*kept)))
+  return jnp.reshape(x, shape, out_sharding=NamedSharding(mesh, PartitionSpec(*merged)))
+
+
+def _split_groups(x: jax.Array, sizes: Sequence[Sequence[int]]) -> jax.Array:
+  """x with dim i split into dims of `sizes[i]`, keeping the shards under Explicit axes
+  (a dim whose shards do not fall on whole slices is gathered first)."""
+  shape = tuple(d for group in sizes for d in group)
+  spec = sharding.typed_spec(x)
+  if spec is None:
+    return x.reshape(shape)
+  mesh = jax.typeof(x).sharding.mesh
+  kept, split = list(spec), []
+  for i, (entry, group) in enumerate(zip(spec, sizes)):
+    entries = sharding.split_dim(entry, group, mesh)
+    if entries is None:
+      kept[i], entries = None, [None] * len(group)
+    split += entries
+  if tuple(kept) != spec:
+    x = jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*kept)))
+  return jnp.reshape(x, shape, out_sharding=NamedSharding(mesh, PartitionSpec(*split)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +167,16 @@ class _DotConfig:
   out_dtype: Any
   lhs_dtype: Any
   rhs_dtype: Any
+  # Explicit axes: the primal operands' shardings (their cotangents get the same) and the
+  # requested output sharding; None where the type names no mesh axis.
+  lhs_sharding: Any = None
+  rhs_sharding: Any = None
+  out_sharding: Any = None
 
 
 def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4m3",
                 bwd_format="e5m2", block_size: int = formats.DEFAULT_BLOCK_SIZE,
-                scale_mode="rceil", preferred_element_type=None) -> jax.Array:
+                scale_mode="rceil", preferred_element_type=None, out_sharding=None) -> jax.Array:
   """`lax.dot_general` with both operands MX-quantized along the contraction.
 
   Args:
@@ -117,6 +191,9 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
     bwd_format: element format of the output gradient in dgrad and wgrad.
     block_size, scale_mode: as in `mxjax.quantize`.
     preferred_element_type: output dtype; default: the operands' result type.
+    out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
+      PartitionSpec of the mesh set by `jax.set_mesh`), as in `lax.dot_general`: needed,
+      as there, when a contracting dim is sharded.
 
   Returns:
     An array of shape `batch + lhs free + rhs free` (as `lax.dot_general`).
@@ -135,7 +212,8 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   for fmt in (fwd, bwd):
     formats.check_block_size(block_size, fmt)
   config = _DotConfig(lhs_layout, rhs_layout, fwd.name, bwd.name, int(block_size),
-                      formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1])
+                      formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1],
+                      _typed_sharding(lhs), _typed_sharding(rhs), _named(out_sharding))
   return _mx_dot(config, lhs, rhs)
 
 
@@ -158,6 +236,24 @@ def matmul(a, b, **kwargs) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------
+
+
+def _typed_sharding(x) -> NamedSharding | None:
+  """x's sharding when its mesh has Explicit axes (arrays only), else None."""
+  return None if isinstance(x, (MXArray, tuple)) else sharding.explicit_sharding(x)
+
+
+def _named(out_sharding) -> NamedSharding | None:
+  if out_sharding is None or isinstance(out_sharding, NamedSharding):
+    return out_sharding
+  if not isinstance(out_sharding, PartitionSpec):
+    raise TypeError("mxjax.dot_general: out_sharding must be a NamedSharding or a "
+                    f"PartitionSpec, got {type(out_sharding).__name__}")
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    raise ValueError("mxjax.dot_general: out_sharding as a PartitionSpec needs a mesh set "
+                     "with jax.set_mesh(mesh); or pass a NamedSharding")
+  return NamedSharding(mesh, out_sharding)
 
 
 def _operand_info(x, name: str):
@@ -202,12 +298,11 @@ def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
         f"product needs it quantized along its {'contracting' if role == 'contract' else 'free'}"
         f" dimension {along if len(along) != 1 else along[0]} (exactly one such dimension)")
   axis = layout.contract_axis if role == "contract" else layout.free_axis
-  data_shape, scale_shape = list(layout.canonical_shape), list(layout.canonical_shape)
-  data_shape[axis], scale_shape[axis] = a.data.shape[a.axis], a.scales.shape[a.axis]
+  lengths = [len(g) for g in layout.groups]
   return dataclasses.replace(
-      a, data=jnp.transpose(a.data, layout.perm).reshape(data_shape),
-      scales=jnp.transpose(a.scales, layout.perm).reshape(scale_shape),
-      axis_from_end=axis - 3)
+      a, data=_merge_groups(jnp.transpose(a.data, layout.perm), lengths),
+      scales=_merge_groups(jnp.transpose(a.scales, layout.perm), lengths),
+      axis_from_end=axis)
 
 
 def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bool):
@@ -227,11 +322,24 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
                      block_size=config.block_size, scale_mode=config.scale_mode)
 
 
-def _product(a: MXArray, b: MXArray, contract: tuple[int, int]) -> jax.Array:
-  """Exact product of two canonical MXArrays (batch dim 0), f32-accumulated."""
-  dims = (((contract[0],), (contract[1],)), ((0,), (0,)))
+def _product(a: MXArray, b: MXArray, contract: tuple[int, int], out_sharding=None) -> jax.Array:
+  """Exact product of two canonical MXArrays `[*B, X, Y]`, contracting the last-two-dims
+  position `contract` (0 or 1) of each, f32-accumulated; sharded as `out_sharding`
+  (Explicit axes) where given. -> `[*B, a's other dim, b's other dim]`."""
+  batch = tuple(range(a.ndim - 2))
+  dims = (((len(batch) + contract[0],), (len(batch) + contract[1],)), (batch, batch))
   return lax.dot_general(a.dequantize(jnp.float32), b.dequantize(jnp.float32), dims,
-                         preferred_element_type=jnp.float32)
+                         preferred_element_type=jnp.float32, out_sharding=out_sharding)
+
+
+def _out_groups(config: _DotConfig) -> list[tuple[int, ...]]:
+  """The output's dim sizes per canonical dim: each batch dim, lhs free, rhs free."""
+  return [*((n,) for n in config.lhs.sizes(config.lhs.batch)),
+          config.lhs.sizes(config.lhs.free), config.rhs.sizes(config.rhs.free)]
+
+
+def _reshard(x: jax.Array, named: NamedSharding | None) -> jax.Array:
+  return x if named is None else jax.sharding.reshard(x, named)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -242,10 +350,12 @@ def _mx_dot(config: _DotConfig, lhs, rhs):
 def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
   lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs", for_backward)
   rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs", for_backward)
-  out = _product(lhs_k, rhs_k, (2, 1))  # [B, M, K] . [B, K, N] -> [B, M, N]
-  out_shape = config.lhs.sizes(config.lhs.batch + config.lhs.free) + config.rhs.sizes(
-      config.rhs.free)
-  return out.astype(config.out_dtype).reshape(out_shape), (lhs_m, rhs_n)
+  groups = _out_groups(config)
+  out_shape = sum(groups, ())
+  out_sharding = _merged_sharding(config.out_sharding, out_shape, [len(g) for g in groups])
+  out = _product(lhs_k, rhs_k, (1, 0), out_sharding)  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
+  out = _split_groups(out.astype(config.out_dtype), groups)
+  return _reshard(out, config.out_sharding), (lhs_m, rhs_n)
 
 
 def _mx_dot_fwd(config, lhs, rhs):
@@ -255,23 +365,27 @@ def _mx_dot_fwd(config, lhs, rhs):
 
 def _mx_dot_bwd(config: _DotConfig, residuals, g):
   (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
-  b, m, _ = config.lhs.canonical_shape
-  n = config.rhs.canonical_shape[2]
-  g_n, g_m = quantize_2x(g.reshape(b, m, n), config.bwd_format, block_size=config.block_size,
+  g = _merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
+  g_n, g_m = quantize_2x(g, config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
+  # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).
   dlhs = lhs_zero
   if dlhs is None:
-    dlhs = config.lhs.from_canonical(_product(g_n, rhs_n, (2, 2))).astype(config.lhs_dtype)
+    dlhs = _product(g_n, rhs_n, (1, 1), config.lhs.canonical_sharding(config.lhs_sharding))
+    dlhs = _reshard(config.lhs.from_canonical(dlhs).astype(config.lhs_dtype),
+                    config.lhs_sharding)
   drhs = rhs_zero
   if drhs is None:
-    drhs = config.rhs.from_canonical(_product(lhs_m, g_m, (1, 1))).astype(config.rhs_dtype)
+    drhs = _product(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding))
+    drhs = _reshard(config.rhs.from_canonical(drhs).astype(config.rhs_dtype),
+                    config.rhs_sharding)
   return dlhs, drhs
 
 
 def _zero_cotangent(x):
   """Zero cotangents for MXArray operands (not differentiable); None for arrays."""
   if isinstance(x, (MXArray, tuple)):
-    return jax.tree.map(jnp.zeros_like, x)
+    return jax.tree.map(lambda a: _reshard(jnp.zeros_like(a), sharding.explicit_sharding(a)), x)
   return None
 
 

@@ -21,14 +21,15 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import formats
-from mxjax.dot import _operand_info, dot_general
+from mxjax.dot import _named, _operand_info, dot_general
 
 
 def einsum(subscripts: str, a, b, *, fwd_format="e4m3", bwd_format="e5m2",
            block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil",
-           preferred_element_type=None) -> jax.Array:
+           preferred_element_type=None, out_sharding=None) -> jax.Array:
   """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
 
   Args:
@@ -39,22 +40,28 @@ def einsum(subscripts: str, a, b, *, fwd_format="e4m3", bwd_format="e5m2",
     fwd_format, bwd_format, block_size, scale_mode, preferred_element_type: as in
       `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's own
       contraction in the forward, dgrad and wgrad).
+    out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
+      PartitionSpec over the current mesh), as `jnp.einsum` takes it.
 
   Returns:
     The array `jnp.einsum(subscripts, a, b)` would give, in the operands' result dtype
     (or `preferred_element_type`).
   """
-  def mx_dot(a, b, dims):
+  def mx_dot(a, b, dims, out_sharding=None):
     return dot_general(a, b, dims, fwd_format=fwd_format, bwd_format=bwd_format,
                        block_size=block_size, scale_mode=scale_mode,
-                       preferred_element_type=preferred_element_type)
+                       preferred_element_type=preferred_element_type,
+                       out_sharding=out_sharding)
 
-  return einsum_as_dot_general(subscripts, a, b, mx_dot)
+  return einsum_as_dot_general(subscripts, a, b, mx_dot, out_sharding)
 
 
-def einsum_as_dot_general(subscripts: str, a, b, dot: Callable) -> jax.Array:
+def einsum_as_dot_general(subscripts: str, a, b, dot: Callable,
+                          out_sharding=None) -> jax.Array:
   """Computes a two-operand einsum with `dot(a, b, dimension_numbers)`, a function with
-  `lax.dot_general`'s contract (its output dims: batch, a's free, b's free)."""
+  `lax.dot_general`'s contract (its output dims: batch, a's free, b's free). An
+  `out_sharding` of the einsum's output reaches `dot` as its `out_sharding=`, in the
+  product's dim order."""
   a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
   a_ix, b_ix, out_ix = parse_subscripts(subscripts, len(a_shape), len(b_shape))
   sizes = _index_sizes(subscripts, (a_ix, b_ix), (a_shape, b_shape))
@@ -70,10 +77,21 @@ def einsum_as_dot_general(subscripts: str, a, b, dot: Callable) -> jax.Array:
     a_ix, b_ix, contract = a_ix + unit, b_ix + unit, [unit]
   dims = (tuple(a_ix.index(i) for i in contract), tuple(b_ix.index(i) for i in contract)), (
       tuple(a_ix.index(i) for i in batch), tuple(b_ix.index(i) for i in batch))
-  out = dot(a, b, dims)
   product_ix = batch + [i for i in a_ix if i not in shared and i in out_ix] + [
       i for i in b_ix if i not in shared and i in out_ix]
+  if out_sharding is None:
+    out = dot(a, b, dims)
+  else:
+    out = dot(a, b, dims, out_sharding=_in_product_order(out_sharding, out_ix, product_ix))
   return jnp.transpose(out, [product_ix.index(i) for i in out_ix])
+
+
+def _in_product_order(out_sharding, out_ix: str, product_ix: list[str]) -> NamedSharding:
+  """The einsum output's sharding, its spec entries moved to the product's dim order."""
+  out_sharding = _named(out_sharding)
+  spec = tuple(out_sharding.spec) + (None,) * (len(out_ix) - len(out_sharding.spec))
+  return NamedSharding(out_sharding.mesh,
+                       PartitionSpec(*(spec[out_ix.index(i)] for i in product_ix)))
 
 
 def parse_subscripts(subscripts: str, a_ndim: int, b_ndim: int) -> tuple[str, str, str]:

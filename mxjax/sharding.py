@@ -1,30 +1,41 @@
-"""Sharding rules for the blockwise FFI ops: shard-local quantize, no collectives.
+"""Sharding rules for the blockwise kernel calls: shard-local quantize, no collectives.
 
-`blockwise_partitioned` wraps a kernel call in `custom_partitioning` with a Shardy rule
-in which a blocked axis of length `n = nb * B` is the compound factor `(nb B)`: its outer
-factor carries the shards of the input, the packed data and the scales alike, so each
-device quantizes its own whole blocks. Every other axis passes through unchanged.
+`blockwise_partitioned` gives a kernel call one rule per kind of mesh axis:
+
+- Auto axes (the partitioner propagates shardings): `custom_partitioning` with a Shardy
+  rule in which a blocked axis of length `n = nb * B` is the compound factor `(nb B)`: its
+  outer factor carries the shards of the input, the packed data and the scales alike, so
+  each device quantizes its own whole blocks. Every other axis passes through unchanged.
+  The partition callback reads the partitioner's shardings through public `Sharding`
+  methods only (`shard_shape`, `is_equivalent_to`).
+- Explicit axes (the sharding is in the operand's type, under `jax.set_mesh`): the call
+  runs under `jax.shard_map` over the axes the operand's type names, with specs read from
+  it, so the results carry the operand's sharding in their types (also under `vmap`).
+
+`merge_dims` / `split_dim` say how a reshape that merges or splits dims keeps their
+shards in place; `mxjax.dot` uses them for its canonical form.
 
 A blocked axis that cannot be split into whole blocks per shard (its length is not a
-multiple of the block, the shards would cut a block, or Shardy split a mesh axis into
-sub-axes to shard fewer blocks than the axis has devices) is gathered: the rule marks it
-as needing replication and the partition callback asks for it unsharded. The result is
-always the unsharded result; only the communication differs.
+multiple of the block, or the shards would cut a block) is gathered: the rule marks it as
+needing replication (Auto) or reshards the operand (Explicit) before the call. The result
+is always the unsharded result; only the communication differs.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import Callable, Sequence
 
-from jax._src import sharding_impls  # to decode shardings that split a mesh axis
+import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 
 def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_size: int,
                           storage_per_block: int, dequantize: bool = False) -> Callable:
-  """Wraps a blockwise kernel call with a sharding rule.
+  """Wraps a blockwise kernel call with its sharding rules (Auto and Explicit axes).
 
   Args:
     call: quantize: `x -> (data, scales) per blocked axis`; dequantize:
@@ -41,7 +52,129 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
       partition=_partition(call, blocked_axes, block_size, dequantize),
       decode_shardings=False,
       sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, dequantize))
-  return op
+
+  def run(*args):
+    spec = typed_spec(args[0])
+    if spec is None:  # no Explicit axis in the operand's type: Shardy's rule applies
+      return op(*args)
+    return _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize)
+
+  return run
+
+
+# ---------------------------------------------------------------------------------------
+# Explicit axes: the sharding is in the types.
+
+
+def typed_spec(x) -> tuple | None:
+  """The PartitionSpec entries (one per dim) in x's type, or None when its type names no
+  mesh axis (unsharded, or sharded over Auto axes only)."""
+  aval = jax.typeof(x)
+  spec = tuple(aval.sharding.spec)
+  spec += (None,) * (aval.ndim - len(spec))
+  return spec if any(entry is not None for entry in spec) else None
+
+
+def explicit_sharding(x):
+  """The NamedSharding in x's type when its mesh has Explicit axes (even if x is
+  replicated over them), else None."""
+  named = jax.typeof(x).sharding
+  if jax.sharding.AxisType.Explicit not in getattr(named.mesh, "axis_types", ()):
+    return None
+  return named
+
+
+def shard_count(mesh, entry) -> int:
+  """Devices a PartitionSpec entry (None, an axis name or a tuple of them) splits over."""
+  return math.prod(mesh.shape[name] for name in _names(entry))
+
+
+def _whole_blocks(length: int, block_size: int, shards: int) -> bool:
+  return shards == 1 or (length % block_size == 0 and (length // block_size) % shards == 0)
+
+
+def _names(entry) -> tuple:
+  return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def _entry(names: Sequence[str]):
+  return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def merge_dims(entries: Sequence, sizes: Sequence[int], mesh) -> tuple[list, object]:
+  """How consecutive dims of `sizes`, sharded as `entries`, merge into one dim in place.
+
+  Returns (entries the dims must have first, the merged dim's entry). The merged dim's
+  shards are contiguous when every dim before the first one holding several indices per
+  shard is split down to single indices and every dim after it is unsharded; sharded dims
+  after it are gathered (the first entries then differ from `entries`).
+  """
+  kept, names, wide = [], [], False
+  for entry, size in zip(entries, sizes):
+    if wide and entry is not None:
+      kept.append(None)
+      continue
+    kept.append(entry)
+    names += _names(entry)
+    wide = wide or size // shard_count(mesh, entry) > 1
+  return kept, _entry(names)
+
+
+def split_dim(entry, sizes: Sequence[int], mesh) -> list | None:
+  """The entries of the dims `sizes` that a dim sharded as `entry` splits into in place
+  (the inverse of `merge_dims`); None when its shards do not fall on whole slices."""
+  names, out = list(_names(entry)), []
+  for size in sizes:
+    taken = []
+    while names and size % (shard_count(mesh, tuple(taken)) * mesh.shape[names[0]]) == 0:
+      taken.append(names.pop(0))
+      if shard_count(mesh, tuple(taken)) == size:
+        break
+    out.append(_entry(taken))
+    if shard_count(mesh, tuple(taken)) < size and names:
+      return None  # this dim keeps several indices per shard: the rest cannot be split off
+  return None if names else out
+
+
+def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
+  """`op(*args)` run per shard under `jax.shard_map`. Each (data, scales) pair comes from
+  a call whose operand keeps its sharding, except along that pair's blocked axis when
+  shards would cut blocks there (gathered first)."""
+  mesh = jax.typeof(args[0]).sharding.mesh
+  global_args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+  x_shape = jax.eval_shape(call, *global_args).shape if dequantize else args[0].shape
+  rank = len(x_shape)
+  pair_specs = []
+  for a in (a % rank for a in blocked_axes):
+    pair_spec = list(spec)
+    if not _whole_blocks(x_shape[a], block_size, shard_count(mesh, spec[a])):
+      pair_spec[a] = None
+    pair_specs.append(PartitionSpec(*pair_spec))
+
+  def sharded_call(pspec, n_results):
+    """The kernel call per shard of the operands resharded to `pspec`; the axes `pspec`
+    names turn manual, the operands are replicated over the others (by their types)."""
+    operands = [jax.sharding.reshard(a, pspec) for a in args]
+    names = {name for entry in pspec for name in _names(entry)}
+    if not names:
+      return op(*operands)
+    return jax.shard_map(call, mesh=mesh, in_specs=(pspec,) * len(args),
+                         out_specs=pspec if n_results is None else (pspec,) * n_results,
+                         axis_names=names)(*operands)
+
+  if dequantize:
+    return sharded_call(pair_specs[0], None)
+  results = [None] * (2 * len(pair_specs))
+  for pspec in dict.fromkeys(pair_specs):  # one call per distinct operand sharding
+    outs = sharded_call(pspec, len(results))
+    for j, pair_spec in enumerate(pair_specs):
+      if pair_spec == pspec:
+        results[2 * j:2 * j + 2] = outs[2 * j:2 * j + 2]
+  return tuple(results)
+
+
+# ---------------------------------------------------------------------------------------
+# Auto axes: a Shardy rule and the partition callback.
 
 
 def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
@@ -57,11 +190,12 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
     pairs = []
     for j, a in enumerate(axes):
       n = full[a]
-      if n % block_size == 0:
+      if n % block_size == 0 and n > block_size:  # Shardy wants compound factors above 1
         dims[a] = f"(k{j} b{j})"
         data_dim, scale_dim = f"(k{j} p{j})", f"k{j}"
         sizes[f"b{j}"], sizes[f"p{j}"] = block_size, storage_per_block
-      else:  # not whole blocks: three unrelated factors, all replicated
+        replicated += [f"b{j}", f"p{j}"]  # a shard never splits a block
+      else:  # not several whole blocks: three unrelated factors, all replicated
         dims[a] = f"n{j}"
         data_dim, scale_dim = f"s{j}", f"c{j}"
         replicated += [f"n{j}", f"s{j}", f"c{j}"]
@@ -72,9 +206,16 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
         quantized.append(" ".join(dim if i == a else dims[i] for i in range(rank)))
     x = " ".join(dims)
     text = (f"{', '.join(quantized)} -> {x}" if dequantize else f"{x} -> {', '.join(quantized)}")
-    return text, dict(need_replication_factors=tuple(replicated), **sizes)
+    return text, dict(need_replication_factors=in_rule_order(replicated, text), **sizes)
 
   return rule
+
+
+def in_rule_order(factors: Sequence[str], rule: str) -> tuple[str, ...]:
+  """`factors` in the order they first appear in `rule`: Shardy numbers the factors of a
+  rule that way and needs each list of special factors sorted by that number."""
+  order = {name: i for i, name in enumerate(dict.fromkeys(re.findall(r"\w+", rule)))}
+  return tuple(sorted(factors, key=order.__getitem__))
 
 
 def _partition(call, blocked_axes, block_size, dequantize):
@@ -83,12 +224,10 @@ def _partition(call, blocked_axes, block_size, dequantize):
     results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
     x_info = results[0] if dequantize else arg_shapes[0]
     rank = len(x_info.shape)
-    spec = _spec(x_info.sharding, mesh, rank)
-    for a in (a % rank for a in blocked_axes):
-      shards = _shard_count(mesh, spec[a])
-      if x_info.shape[a] % block_size or (x_info.shape[a] // block_size) % shards:
-        spec[a] = None  # gather this axis: shards would not hold whole blocks
-    sharding = NamedSharding(mesh, PartitionSpec(*spec))
+    axes = [a % rank for a in blocked_axes]
+    sharding = x_info.sharding
+    if not _holds_whole_blocks(sharding, x_info.shape, axes, block_size):
+      sharding = _gathered(sharding, mesh, x_info.shape, axes, block_size)
     if dequantize:  # (data, scales) -> x
       return mesh, call, sharding, (sharding,) * len(arg_shapes)
     return mesh, call, (sharding,) * len(results), (sharding,)
@@ -96,19 +235,40 @@ def _partition(call, blocked_axes, block_size, dequantize):
   return partition
 
 
-def _shard_count(mesh, entry) -> int:
-  if entry is None:
-    return 1
-  names = entry if isinstance(entry, tuple) else (entry,)
-  return math.prod(mesh.shape[name] for name in names)
-
-
-def _spec(sharding, mesh, rank) -> list:
-  """The PartitionSpec entries of a propagated sharding; all None (gather) when it splits
-  a mesh axis into sub-axes (Shardy may, when a factor is smaller than the axis), which
-  a PartitionSpec cannot express."""
+def _holds_whole_blocks(sharding, shape, axes, block_size) -> bool:
+  """Whether every shard of `shape` holds whole blocks along each of `axes` (or all of it)."""
   try:
-    spec = sharding_impls.parse_flatten_op_sharding(sharding._hlo_sharding, mesh)[0]
-  except ValueError:
-    return [None] * rank
-  return list(spec) + [None] * (rank - len(spec))
+    local = sharding.shard_shape(tuple(shape))
+  except ValueError:  # an uneven sharding
+    return False
+  return all(local[a] == shape[a] or (shape[a] % block_size == 0 and local[a] % block_size == 0)
+             for a in axes)
+
+
+def _gathered(sharding, mesh, shape, axes, block_size) -> NamedSharding:
+  """`sharding` with the blocked `axes` that cut blocks gathered; all of it gathered when
+  it is no PartitionSpec over `mesh` (Shardy may split a mesh axis into sub-axes)."""
+  spec = spec_over_mesh(sharding, mesh, len(shape))
+  if spec is None:
+    return NamedSharding(mesh, PartitionSpec())
+  spec = list(spec)
+  for a in axes:
+    if not _whole_blocks(shape[a], block_size, shard_count(mesh, spec[a])):
+      spec[a] = None
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def spec_over_mesh(sharding, mesh, ndim: int) -> tuple | None:
+  """The PartitionSpec entries over `mesh` equivalent to `sharding` (any `jax.sharding.
+  Sharding`), found among the ways to give each mesh axis to a dim; None if there is none."""
+  names = [name for name in mesh.axis_names if mesh.shape[name] > 1]
+  for size in range(len(names) + 1):  # fewest sharded axes first: replicated is common
+    for used in itertools.permutations(names, size):
+      for dims in itertools.product(range(ndim), repeat=size):
+        spec = [()] * ndim
+        for name, d in zip(used, dims):
+          spec[d] += (name,)
+        entries = tuple(None if not e else e[0] if len(e) == 1 else e for e in spec)
+        if sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(*entries)), ndim):
+          return entries
+  return None

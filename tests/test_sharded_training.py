@@ -9,7 +9,6 @@ step, move no weight between devices, and (dp, tp-col) run exactly the collectiv
 the same step in high precision: MX quantization is shard-local.
 """
 
-import re
 from collections import Counter
 from typing import Any
 
@@ -23,6 +22,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import mxjax
 from mxjax import state as state_lib
+from sharding_helpers import collectives
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 8,
@@ -153,22 +153,6 @@ class Run:
       params, mx_state, opt_state, loss = f(params, mx_state, opt_state, x, y)
       losses.append(loss)
     return params, mx_state, losses
-
-
-_COLLECTIVE = re.compile(r"=\s*(\([^=]*?\)|\S+)\s+(all-gather|all-reduce|reduce-scatter|all-to-all|"
-                         r"collective-permute|collective-broadcast)(?:-start)?\(")
-_ARRAY = re.compile(r"\b[a-z]+\d*\[([\d,]*)\]")
-
-
-def collectives(hlo_text):
-  """[(op kind, shape)] of every array a collective produces; size-1 dims dropped (the
-  MX product runs on [1, M, K] views)."""
-  out = []
-  for m in _COLLECTIVE.finditer(hlo_text):
-    for dims in _ARRAY.findall(m.group(1)):
-      shape = tuple(int(d) for d in dims.split(",") if d and int(d) != 1)
-      out.append((m.group(2), shape))
-  return out
 
 
 def assert_params_close(got, want, start):

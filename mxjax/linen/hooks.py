@@ -17,7 +17,6 @@ recipes add no variables, so the model's variables are those of the stock model.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import flax.linen as nn
 from jax import lax
@@ -44,12 +43,14 @@ class _Hook(nn.Module):
     """Whether to make Flax's own call: no recipe and no state to keep."""
     return recipe is None and not self.has_variable(self.state_collection, _STATE_NAME)
 
-  def _product(self, lhs, rhs, dimension_numbers, recipe, precision, preferred_element_type):
+  def _product(self, lhs, rhs, dimension_numbers, recipe, precision, preferred_element_type,
+               out_sharding=None):
     dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
     return project_with_state(
         self, lhs, rhs, recipe, collection=self.state_collection, dtype=dtype,
         where=f"{type(self).__name__} of '{self._owner()}'",
-        dimension_numbers=dimension_numbers, precision=precision, store_stateless=False)
+        dimension_numbers=dimension_numbers, precision=precision, store_stateless=False,
+        out_sharding=out_sharding)
 
 
 class DotGeneral(_Hook):
@@ -69,8 +70,8 @@ class DotGeneral(_Hook):
       kwargs = {} if out_sharding is None else dict(out_sharding=out_sharding)
       return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)
-    y = self._product(lhs, rhs, dimension_numbers, recipe, precision, preferred_element_type)
-    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+    return self._product(lhs, rhs, dimension_numbers, recipe, precision,
+                         preferred_element_type, out_sharding)
 
 
 class Einsum(_Hook):
@@ -93,8 +94,7 @@ class Einsum(_Hook):
       return jnp.einsum(subscripts, a, b, precision=precision,
                         preferred_element_type=preferred_element_type, **kwargs)
 
-    def dot(a, b, dims):
-      return self._product(a, b, dims, recipe, precision, preferred_element_type)
+    def dot(a, b, dims, out_sharding=None):
+      return self._product(a, b, dims, recipe, precision, preferred_element_type, out_sharding)
 
-    y = einsum_as_dot_general(subscripts, a, b, dot)
-    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+    return einsum_as_dot_general(subscripts, a, b, dot, out_sharding)

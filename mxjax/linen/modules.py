@@ -65,13 +65,14 @@ class DenseGeneral(nn.Module):
   state_collection: str = state_lib.STATE_COLLECTION
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x [..., *in_dims] -> [..., *features]."""
+  def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
+    """x [..., *in_dims] -> [..., *features]; `out_sharding` (Explicit mesh axes) as in
+    `mxjax.dot_general`, for the output."""
     features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
     axes = _canonical_axes(self.axis, x.ndim)
     in_dims = tuple(x.shape[a] for a in axes)
     k, n = math.prod(in_dims), math.prod(features)
-    kernel = self._kernel(in_dims + features, (k, n))
+    kernel = self._kernel(in_dims + features, (k, n), len(in_dims))
     bias = None
     if self.use_bias:
       bias_init = self.bias_init
@@ -88,19 +89,24 @@ class DenseGeneral(nn.Module):
     x2 = x2.astype(dtype)
     if not quantized:
       kernel = kernel.reshape(k, n).astype(dtype)
-    y = self._project(x2, kernel, dtype)
+    y = self._project(x2, kernel, dtype,
+                      _gemm.flat_features_sharding(out_sharding, len(batch), len(features)))
     y = y.reshape(*y.shape[:-1], *features)
     if bias is not None:
       y = y + bias.astype(dtype)
     return y
 
-  def _kernel(self, shape, shape_2d):
-    """The `kernel` param: high precision of `shape`, or quantized in 2-D form."""
+  def _kernel(self, shape, shape_2d, n_in):
+    """The `kernel` param: high precision of `shape` (`n_in` input dims, then the
+    features), or quantized in 2-D form."""
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
       def quantized_init(key, shape, dtype):
         w = self.kernel_init(key, shape, dtype).reshape(shape_2d)
         return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+      if self.kernel_axes:  # the 2-D form keeps the axes of the leading in / feature dims
+        axes_2d = (self.kernel_axes[0], self.kernel_axes[n_in])
+        quantized_init = nn.with_logical_partitioning(quantized_init, axes_2d)
       return self.param("kernel", quantized_init, shape, self.param_dtype)
     kernel_init = self.kernel_init
     if self.kernel_axes:
@@ -110,12 +116,12 @@ class DenseGeneral(nn.Module):
   def _recipe(self) -> Recipe | None:
     return self.recipe if self.recipe is not None else context.recipe_for(layer_path(self))
 
-  def _project(self, x2, kernel, dtype):
+  def _project(self, x2, kernel, dtype, out_sharding=None):
     recipe = self._recipe()
     if recipe is None and self.is_initializing() and context.get_quantized_init() is not None:
       recipe = context.get_quantized_init().recipe  # the state made at init follows it
     return project_with_state(self, x2, kernel, recipe, collection=self.state_collection,
-                              dtype=dtype, where=_module_path(self))
+                              dtype=dtype, where=_module_path(self), out_sharding=out_sharding)
 
 
 def layer_path(module: nn.Module) -> str:
@@ -125,14 +131,15 @@ def layer_path(module: nn.Module) -> str:
 
 def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
                        collection: str, dtype, where: str, dimension_numbers=None,
-                       precision=None, store_stateless: bool = True):
+                       precision=None, store_stateless: bool = True, out_sharding=None):
   """`_gemm.project` for a linen module, whose recipe state is the variable
   `recipe_state` in `collection` (read, reconciled with `recipe`, written back when the
   collection is mutable).
 
   Args:
     module: the bound module that owns the state.
-    x, kernel, recipe, dtype, where, dimension_numbers, precision: as in `_gemm.project`.
+    x, kernel, recipe, dtype, where, dimension_numbers, precision, out_sharding: as in
+      `_gemm.project`.
     store_stateless: False keeps the variables untouched where nothing needs a state
       (no stored state and a stateless recipe), as Flax's hooks must.
 
@@ -144,7 +151,7 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
   has_state = module.has_variable(collection, _STATE_NAME)
   stored = module.get_variable(collection, _STATE_NAME) if has_state else None
   gemm = dict(dtype=dtype, where=where, dimension_numbers=dimension_numbers,
-              precision=precision)
+              precision=precision, out_sharding=out_sharding)
   if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
     return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
   can_write = module.is_mutable_collection(collection)

@@ -57,8 +57,9 @@ class Linear(nnx.Module):
   def _recipe(self) -> Recipe | None:
     return self.recipe if self.recipe is not None else context.get_recipe()
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x [..., in_features] -> [..., out_features]."""
+  def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
+    """x [..., in_features] -> [..., out_features]; `out_sharding` (Explicit mesh axes) as
+    in `flax.nnx.Linear`."""
     kernel = self.kernel.get_value()
     bias = self.bias.get_value() if self.bias is not None else None
     quantized = _gemm.is_quantized(kernel)
@@ -74,7 +75,7 @@ class Linear(nnx.Module):
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
     held = stored if run_state is not stored else None
     y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
-                                     dtype=dtype, where=where)
+                                     dtype=dtype, where=where, out_sharding=out_sharding)
     if replaced or run_state is stored:
       self.recipe_state.set_value(forward_state)
     if bias is not None:

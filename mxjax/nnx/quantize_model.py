@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
@@ -64,13 +63,15 @@ class MXProduct:
           "(MX block scaling, Float8CurrentScaling) for it, a rule (pattern, None), or "
           "mxjax.nnx.Linear, which keeps the state.")
 
-    def dot(lhs, rhs, dims):
+    def dot(lhs, rhs, dims, out_sharding=None):
       dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
       return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
-                           where=f"layer '{self.path}'", dimension_numbers=dims)[0]
+                           where=f"layer '{self.path}'", dimension_numbers=dims,
+                           out_sharding=out_sharding)[0]
 
-    y = einsum_as_dot_general(*args, dot) if self.einsum else dot(*args)
-    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+    if self.einsum:
+      return einsum_as_dot_general(*args, dot, out_sharding)
+    return dot(*args, out_sharding=out_sharding)
 
 
 def _stock_product(layer) -> tuple[str, object] | None:

@@ -1,0 +1,80 @@
+"""Two processes on 127.0.0.1 (JAX's multi-process runtime, gloo CPU collectives) train
+DP and FSDP MX Dense steps on one global 4-device mesh; both see the losses, gradients
+and params of the same steps run in one process on one device."""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "multiprocess_train.py"
+TIMEOUT_S = 90  # for all processes together; they are killed past it
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch(args, out, log):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the script sets it
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+  return subprocess.Popen([sys.executable, str(SCRIPT), *args, "--out", str(out)], env=env,
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_all(commands, tmp_path):
+  """Runs (args, out) commands at once; kills them all past TIMEOUT_S. -> logs."""
+  logs = [open(tmp_path / f"log{i}.txt", "w+") for i in range(len(commands))]
+  procs = [launch(args, out, log) for (args, out), log in zip(commands, logs)]
+  deadline = time.monotonic() + TIMEOUT_S
+  try:
+    for p in procs:
+      p.wait(timeout=max(1.0, deadline - time.monotonic()))
+  except subprocess.TimeoutExpired:
+    pass
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  texts = []
+  for log in logs:
+    log.seek(0)
+    texts.append(log.read())
+    log.close()
+  for p, text in zip(procs, texts):
+    assert p.returncode == 0, f"exit {p.returncode} (killed past {TIMEOUT_S} s?):\n{text[-3000:]}"
+  return texts
+
+
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_two_processes_train_as_one_device(tmp_path, axis_types):
+  port = free_port()
+  outs = [tmp_path / f"process{i}.npz" for i in range(2)] + [tmp_path / "one_device.npz"]
+  common = ["--axis-types", axis_types, "--steps", "2"]
+  logs = run_all([
+      (common + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                 "--process-id", str(i), "--local-devices", "2"], outs[i]) for i in range(2)
+  ] + [(common + ["--num-processes", "1", "--local-devices", "1"], outs[2])], tmp_path)
+  assert "dp: 2 processes, 4 devices" in logs[0] and "fsdp: 2 processes, 4 devices" in logs[0]
+  assert "fc1 kernel P('data'" in logs[0]  # FSDP's kernels are split over 'data'
+  first, second, one = (np.load(out) for out in outs)
+  assert sorted(first.files) == sorted(one.files)
+  assert {name.split("/")[0] for name in first.files} == {"dp", "fsdp"}
+  for name in first.files:
+    np.testing.assert_array_equal(first[name], second[name], err_msg=name)  # one program
+    want = one[name]
+    if name.endswith("loss"):
+      np.testing.assert_allclose(first[name], want, rtol=1e-6, err_msg=name)
+    else:  # f32 sums over 4 devices vs 1: reduction order only
+      np.testing.assert_allclose(first[name], want, rtol=1e-5,
+                                 atol=1e-6 * float(np.abs(want).max()), err_msg=name)

@@ -1,0 +1,184 @@
+"""Dense / DenseGeneral train steps on Explicit and Auto meshes (8 CPU devices): DP,
+TP-column, TP-row and FSDP, against one device and against the same step in high
+precision (its collectives and, on Explicit meshes, its output and gradient types)."""
+
+from collections import Counter
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import mxjax
+from sharding_helpers import bits, compiled_collectives, spec_of
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+
+D, H = 128, 256
+MXFP8 = mxjax.MXFP8BlockScaling()
+# Logical axis rules per mode; the batch is always split over 'data'. fc1 kernel is
+# (embed, mlp), fc2 kernel (mlp, embed). TP-row and FSDP split both kernels' contraction
+# (over 'model', over 'data'), which one rule set cannot say (Flax gives a mesh axis to
+# one logical axis per array): their specs are given directly. Biases are replicated.
+RULES = {
+    "dp": (("embed", None), ("mlp", None)),
+    "tp-col": (("embed", None), ("mlp", "model")),
+}
+SPECS = {mode: {"fc1": {"kernel": P(axis, None), "bias": P()},
+                "fc2": {"kernel": P(axis, None), "bias": P()}}
+         for mode, axis in (("tp-row", "model"), ("fsdp", "data"))}
+MODES = ("dp", "tp-col", "tp-row", "fsdp")
+
+
+class MLP(nn.Module):
+  """x [B, S, D] -> [B, S, D]: fc1 (a DenseGeneral), GELU, fc2 (a Dense). `fc2_out`: fc2's
+  out_sharding (Explicit meshes, where TP-column contracts a sharded dim)."""
+
+  fc2_out: P | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    h = mxjax.DenseGeneral(H, axis=-1, kernel_axes=("embed", "mlp"), name="fc1")(x)
+    h = nn.gelu(h)
+    return mxjax.Dense(D, kernel_axes=("mlp", "embed"), name="fc2")(h,
+                                                                  out_sharding=self.fc2_out)
+
+
+def make_mesh(kind):
+  if kind == "explicit":
+    return jax.make_mesh((2, 4), ("data", "model"))
+  return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def shardings(mesh, boxed, mode):
+  if mode in SPECS:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), SPECS[mode])
+  specs = nn.get_partition_spec(boxed)["params"]
+  return nn.logical_to_mesh_sharding(specs, mesh, RULES[mode])
+
+
+def train_step(model, recipe):
+  tx = optax.sgd(0.1)
+
+  def loss_fn(params, x, y):
+    out = model.apply({"params": params}, x)
+    return jnp.mean(jnp.square(out.astype(jnp.float32) - y))
+
+  def step(params, x, y):
+    with mxjax.autocast(enabled=recipe is not None, recipe=recipe):
+      loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    return optax.apply_updates(params, updates), loss, grads
+
+  return step
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("batch", [2, 96])  # 2 and 96 rows (of [S=2, D]) per data shard
+def test_train_step_matches_one_device_with_the_high_precision_collectives(kind, mode,
+                                                                            batch):
+  mesh = make_mesh(kind)
+  fc2_out = P("data", None, None) if (kind, mode) == ("explicit", "tp-col") else None
+  model = MLP(fc2_out)
+  x = jax.random.normal(jax.random.key(1), (batch, 2, D))
+  y = jax.random.normal(jax.random.key(2), (batch, 2, D))
+  boxed = MLP().init(jax.random.key(0), x)  # the same params as `model`'s
+  params = nn.unbox(boxed)["params"]
+  step, hp_step = train_step(MLP(), MXFP8), train_step(model, None)
+  want_params, want_loss, want_grads = jax.jit(step)(params, x, y)
+
+  sh = shardings(mesh, boxed, mode)
+  with jax.set_mesh(mesh):
+    ps = jax.device_put(params, sh)
+    xs, ys = (jax.device_put(a, NamedSharding(mesh, P("data", None, None))) for a in (x, y))
+    mx_step = train_step(model, MXFP8)
+    got_params, got_loss, got_grads = jax.jit(mx_step)(ps, xs, ys)
+    hp_params, _, hp_grads = jax.jit(hp_step)(ps, xs, ys)
+    ops = compiled_collectives(mx_step, ps, xs, ys)
+    hp_ops = compiled_collectives(hp_step, ps, xs, ys)
+
+  np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+  for (path, g), want, hp_g, param in zip(jax.tree_util.tree_leaves_with_path(got_grads),
+                                          jax.tree.leaves(want_grads), jax.tree.leaves(hp_grads),
+                                          jax.tree.leaves(ps)):
+    where = jax.tree_util.keystr(path)
+    scale = float(np.abs(np.asarray(want)).max())
+    if mode == "dp" and batch > 2:  # DP: the same per-shard products, summed once
+      np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5,
+                                 atol=1e-5 * scale, err_msg=where)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-3, atol=1e-3 * scale,
+                               err_msg=where)
+    # A gradient is sharded as the high-precision one; on Explicit meshes as its param.
+    assert spec_of(g) == spec_of(hp_g), (where, g.sharding, hp_g.sharding)
+    if kind == "explicit":
+      assert spec_of(g) == spec_of(param), (where, g.sharding)
+  for got, hp in zip(jax.tree.leaves(got_params), jax.tree.leaves(hp_params)):
+    assert spec_of(got) == spec_of(hp)
+  kinds, hp_kinds = Counter(k for k, _ in ops), Counter(k for k, _ in hp_ops)
+  if batch > 2 and (kind, mode) not in (("auto", "tp-row"), ("explicit", "fsdp")):
+    # Whole blocks on every device: no collective the high-precision step lacks.
+    assert kinds <= hp_kinds, (ops, hp_ops)
+  elif batch > 2:
+    # Auto TP-row: the partitioner all-reduces where the high-precision step has
+    # all-to-alls. Explicit FSDP: the forward and the dgrad use two quantizations of the
+    # weight shard (along K, along N), each resharded for its product, where the
+    # high-precision step reshards its one weight once: one collective-permute more.
+    assert set(kinds) <= set(hp_kinds) and kinds["all-gather"] <= hp_kinds["all-gather"], (
+        ops, hp_ops)
+  else:  # a row per device: the rows are gathered for the quantization along them
+    assert set(kinds) <= set(hp_kinds) | {"all-gather"}, (ops, hp_ops)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_quantized_kernels_keep_their_logical_axes_and_run_fsdp(kind):
+  model = MLP()
+  x = jax.random.normal(jax.random.key(3), (64, D))
+  with mxjax.quantized_model_init(MXFP8):
+    boxed = model.init(jax.random.key(0), x)
+    dense_general = mxjax.DenseGeneral((4, 8), axis=(-2, -1), kernel_axes=("a", "b", "c", "d"))
+    boxed_general = dense_general.init(jax.random.key(0), jnp.zeros((2, 4, 64)))
+  specs = nn.get_partition_spec(boxed)["params"]
+  assert specs["fc1"]["kernel"] == P("embed", "mlp")
+  assert specs["fc2"]["kernel"] == P("mlp", "embed")
+  # The 2-D form [4 * 64, 4 * 8] keeps the axes of the leading in and feature dims.
+  assert nn.get_partition_spec(boxed_general)["params"]["kernel"] == P("a", "c")
+  params = nn.unbox(boxed)["params"]
+  assert isinstance(params["fc2"]["kernel"][0], mxjax.MXArray)
+  mesh = make_mesh(kind)
+  # FSDP of fc1's kernel (contraction over 'data'), fc2's replicated.
+  sh = nn.logical_to_mesh_sharding(specs, mesh, (("embed", "data"),))
+  sh["fc2"] = jax.tree.map(lambda _: NamedSharding(mesh, P()), sh["fc2"])
+  apply = lambda p, x: model.apply({"params": p}, x)  # noqa: E731
+  with mxjax.autocast(recipe=MXFP8):
+    want = jax.jit(apply)(params, x)
+    with jax.set_mesh(mesh):
+      ps = jax.device_put(params, sh)
+      xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+      got = jax.jit(apply)(ps, xs)
+      grad_x = jax.jit(jax.grad(lambda x: jnp.sum(apply(ps, x) ** 2)))(xs)
+    want_grad_x = jax.grad(lambda x: jnp.sum(apply(params, x) ** 2))(x)
+  fc1_along_k = ps["fc1"]["kernel"][0]  # [D, H] sharded over 'data' on D: whole blocks
+  assert spec_of(fc1_along_k.data) == ("data", None)
+  assert spec_of(fc1_along_k.scales) == ("data", None)
+  assert spec_of(got)[0] == "data"
+  np.testing.assert_array_equal(bits(got), bits(want))
+  np.testing.assert_allclose(grad_x, want_grad_x, rtol=1e-5, atol=1e-5)
+
+
+def test_nnx_linear_takes_out_sharding_like_flax_nnx_linear():
+  from flax import nnx
+  mesh = make_mesh("explicit")
+  x = jax.random.normal(jax.random.key(4), (64, 256))
+  model = mxjax.nnx.Linear(256, 128, rngs=nnx.Rngs(0))
+  with mxjax.autocast(recipe=MXFP8):
+    want = model(x)
+    with jax.set_mesh(mesh):  # TP-row: the contraction is sharded, as jnp.dot asks
+      model.kernel.set_value(jax.sharding.reshard(model.kernel.get_value(), P("model", None)))
+      xs = jax.device_put(x, P("data", "model"))
+      got = nnx.jit(lambda m, x: m(x, out_sharding=P("data", None)))(model, xs)
+  assert spec_of(got) == ("data", None)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
