@@ -74,7 +74,21 @@ def _per_platform(ffi_fn, xla_fn, *args):
     return xla_fn(*args)
   _ffi.load()
   default = None if backend.get_kernels() == "ffi" else xla_fn
-  return jax.lax.platform_dependent(*args, default=default, **{p: ffi_fn for p in platforms})
+  return jax.lax.platform_dependent(*args, default=default,
+                                    **{p: _varying_like(ffi_fn, args) for p in platforms})
+
+
+def _varying_like(ffi_fn, args):
+  """`ffi_fn` whose results vary over the manual mesh axes (shard_map) its operands vary
+  over, as the XLA path's results do: the branches of one program must have equal types."""
+  varying = lambda a: jax.typeof(a).manual_axis_type.varying  # noqa: E731
+  axes = frozenset().union(*(varying(a) for a in args))
+
+  def fn(*operands):
+    return jax.tree.map(lambda r: jax.lax.pcast(r, tuple(axes - varying(r)), to="varying")
+                        if axes - varying(r) else r, ffi_fn(*operands))
+
+  return fn
 
 
 # ---------------------------------------------------------------------------------------
