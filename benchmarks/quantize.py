@@ -8,6 +8,7 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
   python benchmarks/quantize.py [--formats e4m3,e2m1] [--shape 8192,8192] [--reps 7]
   python benchmarks/quantize.py --warm-allocator   # see below
   python benchmarks/quantize.py --shape 16384,16384 # on a GPU (issue goal: >= 80% of copy)
+  python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
 
 It also times an elementwise op that reads and writes every byte once (flipping the bf16
 sign bits as uint16) and prints the
@@ -39,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from roofline import copy_bandwidth, quantize_bytes  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
-from mxjax import _ffi, formats, reference  # noqa: E402
+from mxjax import _ffi, formats, reference, xla_codec  # noqa: E402
 from mxjax.quantize import dequantize, quantize, quantize_2x  # noqa: E402
 
 
@@ -89,6 +90,29 @@ def cpu_roofline(fmt: str, shape, row_seconds: float, reps: int) -> None:
         f"{nbytes / deq / bw:.2f}")
 
 
+def bench_xla_path(fmts, shape, reps: int):
+  """Prints the plain-XLA path's time (mxjax.xla_codec, what runs where no FFI kernels are
+  used) against the jnp baseline above, rowwise and rowwise + columnwise, timed in the
+  same run; the issue's goal is a ratio (jnp / XLA path) of at least 1 on CPU."""
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+  n = int(np.prod(shape))
+  mode = formats.ScaleMode.RCEIL
+  print(f"\nplain-XLA path vs jnp baseline: bf16 {shape}, block 32, rceil")
+  print(f"{'format':7} {'op':6} {'xla ms':>9} {'Gelem/s':>8} {'jnp ms':>9} {'jnp/xla':>8}")
+  for fmt in fmts:
+    f = formats.element_format(fmt)
+    row = lambda x, axis: xla_codec.quantize(x, f, 32, mode, axis % x.ndim)  # noqa: E731
+    t = interleaved_medians({
+        "xla_row": jax.jit(lambda x: row(x, -1)),
+        "xla_2x": jax.jit(lambda x: (row(x, -1), row(x, -2))),
+        "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
+        "jnp_2x": jax.jit(lambda x: (jnp_quantize(x, fmt, -1), jnp_quantize(x, fmt, -2))),
+    }, x, reps=reps)
+    for op in ("row", "2x"):
+      k, j = t[f"xla_{op}"], t[f"jnp_{op}"]
+      print(f"{fmt:7} {op:6} {k * 1e3:9.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {j / k:7.2f}x")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
@@ -96,10 +120,15 @@ def main(argv=None):
   parser.add_argument("--reps", type=int, default=7, help="timed repetitions (median)")
   parser.add_argument("--warm-allocator", action="store_true",
                       help="rerun with glibc keeping freed memory (CPU page-fault effect)")
+  parser.add_argument("--xla-path", action="store_true",
+                      help="only time the plain-XLA path against the jnp baseline")
   args = parser.parse_args(argv)
   if args.warm_allocator and any(os.environ.get(k) != v for k, v in WARM_ALLOCATOR_ENV.items()):
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **WARM_ALLOCATOR_ENV})
   shape = tuple(int(s) for s in args.shape.split(","))
+  if args.xla_path:
+    bench_xla_path(args.formats.split(","), shape, args.reps)
+    return
   n = int(np.prod(shape))
   info = _ffi.build_info()
   device = jax.devices()[0]

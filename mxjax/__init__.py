@@ -16,7 +16,7 @@ from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
-from mxjax.backend import backend_info
+from mxjax.backend import backend_info, set_kernels
 from mxjax import fp8, linen, nnx, rules, state
 
 __version__ = "0.1.0"

@@ -165,7 +165,7 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype)
     next_state = state_lib.update(recipe_state, amaxes, recipe)
-  else:
+  else:  # reachable: layer rules and module fields take any Recipe, a bare one included
     raise ValueError(f"{where}: no GEMM for recipe {recipe}")
   if held_state is not None and jax.tree.leaves(held_state):
     y = _attach(y, held_state)

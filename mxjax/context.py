@@ -45,6 +45,9 @@ def _check_recipe(recipe, what: str) -> Recipe:
   if not isinstance(recipe, Recipe):
     raise TypeError(f"{what} needs an mxjax recipe (e.g. MXFP8BlockScaling()), got "
                     f"{type(recipe).__name__}")
+  if not (recipe.mx() or recipe.fp8()):  # the GEMMs have a path for these kinds only
+    raise TypeError(f"{what} needs an MX or per-tensor FP8 recipe (e.g. "
+                    f"MXFP8BlockScaling()), got {type(recipe).__name__}")
   return recipe
 
 

@@ -15,12 +15,15 @@ quantized copies the backward needs. The quantizers are straight-through: the gr
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
-A product of quantized operands is computed exactly: each operand is dequantized to
-bfloat16, or to float32 on CPUs whose GEMM is faster there (MX element values times a power
-of two are exact in both), and XLA's dot accumulates in float32. The product sits behind an
-optimization barrier: XLA's CPU runtime rejects a bf16 x bf16 -> f32 dot in the layouts its
-simplifier makes when a transpose of the result is folded in ("Unsupported element type for
-DotThunk::Execute").
+Each operand is dequantized to bfloat16, or to float32 on CPUs whose GEMM is faster there
+(`mxjax._operand_dtype`), and XLA's dot accumulates in float32. Every product of two
+dequantized elements is exact while both are at least 2^-126 (the smallest normal number
+of both dtypes); a smaller element, which only occurs in blocks whose scale is near
+2^-127, may be lost: XLA's CPU flushes subnormals. So |out - exact| <= the sum of
+|a_k b_k| over such elements, plus f32 accumulation rounding (tests/test_dot_vs_oracle.py).
+The product sits behind an optimization barrier: XLA's CPU runtime rejects a bf16 x bf16
+-> f32 dot in the layouts its simplifier makes when a transpose of the result is folded
+in ("Unsupported element type for DotThunk::Execute").
 """
 
 from __future__ import annotations

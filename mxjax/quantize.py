@@ -1,8 +1,10 @@
-"""MX quantize / dequantize: JAX ops over the XLA FFI kernels.
+"""MX quantize / dequantize: JAX ops lowered per platform to the FFI kernels or plain XLA.
 
-Each op is one `jax.ffi.ffi_call` (CPU kernels in C++, CUDA kernels under the same target
-names) wrapped with a batching rule (`custom_vmap`: vmap moves the quantized axis instead
-of looping) and a sharding rule (see `mxjax.sharding`).
+Each op's call is a `jax.ffi.ffi_call` (CPU kernels in C++, CUDA kernels under the same
+target names) on the platforms that use the kernels (`mxjax.backend`) and the plain-XLA
+path (`mxjax.xla_codec`, the same bits) on the others, chosen at lowering time inside one
+program. It is wrapped with a batching rule (`custom_vmap`: vmap moves the quantized axis
+instead of looping) and a sharding rule (see `mxjax.sharding`) that serve both paths.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax import _ffi, formats
+from mxjax import _ffi, backend, formats, xla_codec
 from mxjax.mxarray import MXArray
 from mxjax.sharding import blockwise_partitioned
 
@@ -64,6 +66,31 @@ def _attrs(fmt, block_size, mode):
               block_size=np.int64(block_size))
 
 
+def _per_platform(ffi_fn, xla_fn, *args):
+  """`ffi_fn(*args)` lowered for the platforms that use the FFI kernels, `xla_fn(*args)`
+  for every other platform (none other under MXJAX_KERNELS=ffi)."""
+  platforms = backend.ffi_platforms()
+  if not platforms:
+    return xla_fn(*args)
+  _ffi.load()
+  default = None if backend.get_kernels() == "ffi" else xla_fn
+  return jax.lax.platform_dependent(*args, default=default,
+                                    **{p: _varying_like(ffi_fn, args) for p in platforms})
+
+
+def _varying_like(ffi_fn, args):
+  """`ffi_fn` whose results vary over the manual mesh axes (shard_map) its operands vary
+  over, as the XLA path's results do: the branches of one program must have equal types."""
+  varying = lambda a: jax.typeof(a).manual_axis_type.varying  # noqa: E731
+  axes = frozenset().union(*(varying(a) for a in args))
+
+  def fn(*operands):
+    return jax.tree.map(lambda r: jax.lax.pcast(r, tuple(axes - varying(r)), to="varying")
+                        if axes - varying(r) else r, ffi_fn(*operands))
+
+  return fn
+
+
 # ---------------------------------------------------------------------------------------
 # The three kernel calls, each with its batching rule. Static arguments select a cached
 # op, so vmap's rule can ask for the same op one axis further in.
@@ -73,10 +100,12 @@ def _attrs(fmt, block_size, mode):
 def _quantize_op(fmt, block_size: int, mode, axis: int):
   """(x[..., n, ...]) -> (data, scales) along `axis`."""
 
-  def call(x):
-    _ffi.load()
+  def ffi(x):
     return jax.ffi.ffi_call("mxjax_quantize", _quantized_types(x, fmt, block_size, axis))(
         x, axis=np.int64(axis), **_attrs(fmt, block_size, mode))
+
+  def call(x):
+    return _per_platform(ffi, lambda x: xla_codec.quantize(x, fmt, block_size, mode, axis), x)
 
   partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size))
 
@@ -96,13 +125,18 @@ def _quantize_op(fmt, block_size: int, mode, axis: int):
 def _quantize_2x_op(fmt, block_size: int, mode):
   """(x[..., M, K]) -> (row data, row scales, col data, col scales)."""
 
-  def call(x):
-    _ffi.load()
-    ndim = x.ndim
-    row = _quantized_types(x, fmt, block_size, ndim - 1)
-    col = _quantized_types(x, fmt, block_size, ndim - 2)
+  def ffi(x):
+    row = _quantized_types(x, fmt, block_size, x.ndim - 1)
+    col = _quantized_types(x, fmt, block_size, x.ndim - 2)
     return jax.ffi.ffi_call("mxjax_quantize_2x", (*row, *col))(
         x, **_attrs(fmt, block_size, mode))
+
+  def xla(x):
+    return (*xla_codec.quantize(x, fmt, block_size, mode, x.ndim - 1),
+            *xla_codec.quantize(x, fmt, block_size, mode, x.ndim - 2))
+
+  def call(x):
+    return _per_platform(ffi, xla, x)
 
   partitioned = blockwise_partitioned(call, (-1, -2), block_size, _per_block(fmt, block_size))
 
@@ -123,13 +157,19 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
   """(data, scales) -> x[..., length, ...] of `dtype`."""
 
   def call(data, scales):
-    _ffi.load()
     # A shard of whole blocks holds `blocks * block_size` elements; the whole axis `length`.
     local_length = min(length, scales.shape[axis] * block_size)
-    out = jax.ShapeDtypeStruct(_blocked_shape(scales.shape, axis, local_length), dtype)
-    return jax.ffi.ffi_call("mxjax_dequantize", out)(
-        data, scales, format=np.int32(fmt.ffi_id), block_size=np.int64(block_size),
-        axis=np.int64(axis))
+
+    def ffi(data, scales):
+      out = jax.ShapeDtypeStruct(_blocked_shape(scales.shape, axis, local_length), dtype)
+      return jax.ffi.ffi_call("mxjax_dequantize", out)(
+          data, scales, format=np.int32(fmt.ffi_id), block_size=np.int64(block_size),
+          axis=np.int64(axis))
+
+    def xla(data, scales):
+      return xla_codec.dequantize(data, scales, fmt, block_size, axis, local_length, dtype)
+
+    return _per_platform(ffi, xla, data, scales)
 
   partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size),
                                       dequantize=True)
@@ -229,8 +269,21 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
   dtype = jnp.dtype(dtype)
   if dtype not in formats.HIGH_PRECISION_DTYPES:
     raise TypeError(f"dequantize produces bfloat16, float16 or float32, not {dtype.name}")
+  _check_storage(a)
   op = _dequantize_op(a.element_format, a.block_size, a.axis, a.length, dtype)
   return op(a.data, a.scales)
+
+
+def _check_storage(a: MXArray) -> None:
+  """The data and scales of `a` have the shapes its format, block and length imply."""
+  fmt = a.element_format
+  want = _quantized_types(jax.ShapeDtypeStruct(a.shape, a.dtype), fmt, a.block_size, a.axis)
+  for name, got, spec in (("data", a.data, want[0]), ("scales", a.scales, want[1])):
+    if tuple(got.shape) != spec.shape or jnp.dtype(got.dtype) != spec.dtype:
+      raise ValueError(
+          f"mxjax.dequantize: the MXArray's {name} is {jnp.dtype(got.dtype).name}"
+          f"{list(got.shape)}, but {fmt.name} with block_size {a.block_size} along axis "
+          f"{a.axis} of logical shape {a.shape} needs {spec.dtype.name}{list(spec.shape)}")
 
 
 def fake_quantize(x, format="e4m3", *, axis: int = -1,

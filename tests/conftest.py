@@ -128,12 +128,6 @@ def special_blocks(dtype, block_size: int = 32, seed: int = 1) -> np.ndarray:
   return out.astype(dtype)
 
 
-@pytest.fixture(scope="session")
-def bf16_patterns():
-  """Both arrangements of all bf16 bit patterns stacked: [4096, 32] bfloat16."""
-  return np.concatenate([all_bf16_patterns("sequential"), all_bf16_patterns("strided")])
-
-
 # ---------------------------------------------------------------------------------------
 # Hypothesis strategies
 

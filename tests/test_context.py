@@ -9,7 +9,7 @@ import pytest
 from mxjax import context, linen as mxl, memory, state as state_lib
 from mxjax.mxarray import MXArray
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
-                           MXFP8BlockScaling)
+                           MXFP8BlockScaling, Recipe)
 
 
 def test_get_recipe_default_nesting_and_disable():
@@ -35,6 +35,10 @@ def test_autocast_restores_after_exception():
 def test_autocast_rejects_non_recipes():
   with pytest.raises(TypeError, match="recipe"):
     with context.autocast(recipe="mxfp8"):
+      pass
+  # A bare Recipe is neither MX nor per-tensor FP8: no GEMM path would run it.
+  with pytest.raises(TypeError, match=r"MX or per-tensor FP8 recipe.*got Recipe"):
+    with context.autocast(recipe=Recipe()):
       pass
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
-                      all_f16_patterns, assert_same_floats, f32_patterns, float_arrays,
+                      all_f16_patterns, assert_same_floats, bits_of, f32_patterns, float_arrays,
                       shapes_and_axes, special_blocks)
 from mxjax import formats, reference
 from mxjax.mxarray import MXArray
@@ -81,7 +81,8 @@ def test_all_bit_patterns(exhaustive_input, fmt, mode):
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_dequantize_every_code_and_scale(fmt):
-  """Every code under every scale byte (0xFF, subnormal and overflowing products)."""
+  """Every code under every scale byte (0xFF, subnormal and overflowing products), bit for
+  bit: NaNs too, whose sign and payload must be the oracle's."""
   f = formats.element_format(fmt)
   codes = np.tile(np.arange(1 << f.bits, dtype=np.uint8), max(1, 64 >> f.bits))
   codes = jnp.asarray(np.broadcast_to(codes, (256, codes.size)))
@@ -93,7 +94,10 @@ def test_dequantize_every_code_and_scale(fmt):
                 length=codes.shape[1], dtype=jnp.dtype(dtype), scale_mode="rceil")
     want = reference.dequantize(data, scales, fmt, block_size=32, shape=codes.shape,
                                 dtype=dtype)
-    assert_same_floats(dequantize(a, dtype), want)
+    np.testing.assert_array_equal(bits_of(dequantize(a, dtype)), bits_of(want))
+    if f.has_nan:  # e4m3 / e5m2 NaN codes keep their sign: NaNs of both signs compared
+      w = np.asarray(want, np.float32)
+      assert np.signbit(w[np.isnan(w)]).any() and not np.signbit(w[np.isnan(w)]).all()
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,6 +148,21 @@ def test_quantize_2x_special_blocks(fmt):
     rows, cols = quantize_2x(x, fmt, scale_mode=mode)
     assert_same_quantized(rows, *reference.quantize(x, fmt, axis=1, scale_mode=mode))
     assert_same_quantized(cols, *reference.quantize(x, fmt, axis=0, scale_mode=mode))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_boundary_blocks_columnwise_and_2x(fmt, dtype):
+  """The special blocks (saturation, max magnitude, the RCEIL / FLOOR boundary, subnormal,
+  zero, NaN / Inf) laid out down the columns: columnwise quantize and quantize_2x's
+  columnwise result get them as the rowwise path does, equal to the oracle."""
+  x = jnp.asarray(special_blocks(dtype, 32).T)  # each column is one special block
+  for mode in SCALE_MODES:
+    want = reference.quantize(x, fmt, axis=0, scale_mode=mode)
+    assert_same_quantized(quantize(x, fmt, axis=0, scale_mode=mode), *want)
+    rows, cols = quantize_2x(x, fmt, scale_mode=mode)
+    assert_same_quantized(cols, *want)
+    assert_same_quantized(rows, *reference.quantize(x, fmt, axis=1, scale_mode=mode))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Every input-validation error of quantize / quantize_2x / dequantize names what was
+wrong, and fake_quantize is quantize-dequantize with a straight-through gradient."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mxjax
+from mxjax import reference
+
+X = jnp.ones((4, 64), jnp.float32)
+
+QUANTIZE_ERRORS = [
+    # (kwargs for quantize, x, error type, message pattern)
+    (dict(), jnp.ones((4, 64), jnp.int32), TypeError,
+     r"bfloat16, float16 or float32.*integer.*int32"),
+    (dict(), jnp.ones((4, 64), jnp.complex64), TypeError, r"complex.*complex64"),
+    (dict(), jnp.ones((4, 64), jnp.bool_), TypeError, r"unsupported.*bool"),
+    (dict(), jnp.float32(1.0), ValueError, r"rank >= 1.*scalar"),
+    (dict(axis=2), X, ValueError, r"axis 2 is out of range.*rank 2"),
+    (dict(axis=-3), X, ValueError, r"axis -3 is out of range"),
+    (dict(axis=1.0), X, ValueError, r"axis 1.0"),
+    (dict(block_size=8), X, ValueError, r"block_size 8 is not supported.*\(16, 32, 64\)"),
+    (dict(block_size=32.0), X, TypeError, r"block_size must be an int, got 32.0"),
+    (dict(block_size=True), X, TypeError, r"block_size must be an int, got True"),
+    (dict(format="e4m4"), X, ValueError, r"Unknown MX element format 'e4m4'.*e2m1"),
+    (dict(format=8), X, TypeError, r"format must be a string or ElementFormat, got 8"),
+    (dict(scale_mode="ceil"), X, ValueError, r"Unknown scale mode 'ceil'.*rceil.*floor"),
+]
+
+
+@pytest.mark.parametrize("kwargs, x, error, message", QUANTIZE_ERRORS)
+def test_quantize_errors(kwargs, x, error, message):
+  kwargs = {"format": "e4m3", **kwargs}
+  with pytest.raises(error, match=message):
+    mxjax.quantize(x, **kwargs)
+  if "axis" not in kwargs:  # the same checks guard quantize_2x and fake_quantize
+    if x.ndim >= 2:
+      with pytest.raises(error, match=message.replace("rank >= 1", "rank >= 2")):
+        mxjax.quantize_2x(x, **kwargs)
+    with pytest.raises(error, match=message):
+      mxjax.fake_quantize(x, **kwargs)
+
+
+def test_quantize_2x_errors():
+  with pytest.raises(ValueError, match=r"rank >= 2; got shape \(64,\)"):
+    mxjax.quantize_2x(jnp.ones(64))
+  with pytest.raises(ValueError, match=r"two distinct axes; got \(1, -1\)"):
+    mxjax.quantize_2x(X, axes=(1, -1))
+  with pytest.raises(ValueError, match=r"axis 2 is out of range"):
+    mxjax.quantize_2x(X, axes=(0, 2))
+  with pytest.raises(TypeError, match=r"integer array of dtype int8"):
+    mxjax.quantize_2x(X.astype(jnp.int8))
+
+
+def test_dequantize_errors():
+  a = mxjax.quantize(X, "e2m1")
+  with pytest.raises(TypeError, match=r"needs an MXArray, got ArrayImpl"):
+    mxjax.dequantize(X)
+  with pytest.raises(TypeError, match=r"bfloat16, float16 or float32, not int32"):
+    mxjax.dequantize(a, jnp.int32)
+  with pytest.raises(TypeError, match=r"not float64"):
+    mxjax.dequantize(a, np.float64)
+  bad_scales = dataclasses.replace(a, scales=a.scales[:, :1])
+  with pytest.raises(ValueError, match=r"scales is float8_e8m0fnu\[4, 1\].*e2m1 with block_size "
+                                       r"32 along axis 1 of logical shape \(4, 64\) needs "
+                                       r"float8_e8m0fnu\[4, 2\]"):
+    mxjax.dequantize(bad_scales)
+  bad_data = dataclasses.replace(a, data=a.data[:, :16])
+  with pytest.raises(ValueError, match=r"data is uint8\[4, 16\].*needs uint8\[4, 32\]"):
+    mxjax.dequantize(bad_data)
+  wrong_dtype = dataclasses.replace(a, data=a.data.astype(jnp.int8))
+  with pytest.raises(ValueError, match=r"data is int8\[4, 32\].*needs uint8\[4, 32\]"):
+    mxjax.dequantize(wrong_dtype)
+  with pytest.raises(ValueError, match=r"Unknown MX element format 'e9m9'"):
+    mxjax.dequantize(dataclasses.replace(a, format="e9m9"))
+
+
+# ---------------------------------------------------------------------------------------
+# fake_quantize
+
+
+@pytest.mark.parametrize("fmt, axis, block_size, mode, dtype", [
+    ("e4m3", -1, 32, "rceil", jnp.bfloat16), ("e5m2", 0, 16, "floor", jnp.float32),
+    ("e3m2", 1, 64, "rceil", jnp.float16), ("e2m1", 0, 32, "floor", jnp.bfloat16)])
+def test_fake_quantize_value_and_straight_through_gradient(fmt, axis, block_size, mode, dtype):
+  x = (jax.random.normal(jax.random.key(1), (48, 80), jnp.float32) * 3).astype(dtype)
+  kwargs = dict(axis=axis, block_size=block_size, scale_mode=mode)
+  got = jax.jit(lambda v: mxjax.fake_quantize(v, fmt, **kwargs))(x)
+  data, scales = reference.quantize(x, fmt, **kwargs)
+  want = reference.dequantize(data, scales, fmt, axis=axis, block_size=block_size,
+                              shape=x.shape, dtype=dtype)
+  assert got.dtype == x.dtype
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint16 if dtype != jnp.float32 else
+                                                     np.uint32),
+                                np.asarray(want).view(np.uint16 if dtype != jnp.float32 else
+                                                      np.uint32))
+  assert not np.array_equal(np.asarray(got, np.float32), np.asarray(x, np.float32))
+  # The gradient is the identity's: cotangents pass through unchanged, bit for bit.
+  ct = jax.random.normal(jax.random.key(2), x.shape, jnp.float32).astype(dtype)
+  _, vjp = jax.vjp(lambda v: mxjax.fake_quantize(v, fmt, **kwargs), x)
+  (grad,) = vjp(ct)
+  assert grad.dtype == x.dtype
+  np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(ct, np.float32))
+  g = jax.grad(lambda v: jnp.sum(mxjax.fake_quantize(v, fmt, **kwargs).astype(jnp.float32)
+                                 * 3.0))(x)
+  np.testing.assert_array_equal(np.asarray(g, np.float32), 3.0)

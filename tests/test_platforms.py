@@ -1,0 +1,144 @@
+"""Every path gives the same bits: the plain-XLA path against the FFI kernels (separate
+processes, MXJAX_KERNELS=xla / auto), and the exactness suite under every CPU kernel level
+this machine can execute (MXJAX_SIMD=scalar / avx2 / avx512)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mxjax
+from mxjax import backend
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+SIMD_LEVELS = ("scalar", "avx2", "avx512")
+MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
+
+
+def _run(args, timeout: int, **env) -> subprocess.CompletedProcess:
+  """Runs `python args...` in the repository root with extra environment variables."""
+  path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+  proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, env={**os.environ, "PYTHONPATH": path, **env})
+  assert proc.returncode == 0, f"{args} with {env} failed:\n{proc.stdout[-3000:]}\n" \
+                               f"{proc.stderr[-3000:]}"
+  return proc
+
+
+needs_cpu_kernels = pytest.mark.skipif("cpu" not in backend.built_platforms(),
+                                       reason="this build has no CPU FFI kernels")
+
+
+@needs_cpu_kernels
+def test_xla_path_equals_ffi_kernels_in_separate_processes(tmp_path):
+  files = {}
+  for kernels in ("xla", "auto"):
+    files[kernels] = tmp_path / f"{kernels}.npz"
+    _run([os.path.join(TESTS, "op_surface.py"), str(files[kernels])], 900,
+         MXJAX_KERNELS=kernels)
+  xla, ffi = np.load(files["xla"]), np.load(files["auto"])
+  assert int(xla["custom_calls"]) == 0  # the XLA path compiles to no mxjax custom call
+  assert int(ffi["custom_calls"]) > 0  # and the other process really ran the kernels
+  keys = sorted(set(xla.files) - {"custom_calls"})
+  assert keys == sorted(set(ffi.files) - {"custom_calls"}) and len(keys) > 1000
+  differ = [k for k in keys if xla[k].shape != ffi[k].shape or not np.array_equal(xla[k], ffi[k])]
+  assert not differ, f"{len(differ)} results differ, e.g. {differ[:5]}"
+
+
+def _level_in_effect(level: str) -> str:
+  proc = _run(["-c", "from mxjax import _ffi; print(_ffi.build_info()['simd'])"], 120,
+              MXJAX_SIMD=level)
+  return proc.stdout.strip()
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("level", SIMD_LEVELS)
+def test_exactness_suite_at_every_simd_level(level):
+  """tests/test_quantize_exact.py in a process whose kernels run at `level`. The level
+  this process uses is covered by that file itself; levels the CPU lacks are skipped,
+  so the report says which levels ran here."""
+  default = mxjax.backend_info()["build"]["simd"]
+  if level == default:
+    pytest.skip(f"{level} is this CPU's default level: tests/test_quantize_exact.py runs it")
+  in_effect = _level_in_effect(level)
+  if in_effect != level:
+    pytest.skip(f"this CPU or build cannot run {level} (MXJAX_SIMD={level} runs {in_effect})")
+  proc = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider",
+               os.path.join(TESTS, "test_quantize_exact.py")], 1800, MXJAX_SIMD=level)
+  assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# The setting, in process
+
+
+def _custom_calls(fn, *args) -> int:
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  return sum(text.count(f'"{t}"') for t in MXJAX_TARGETS)
+
+
+@pytest.fixture
+def restore_kernels():
+  before = backend.get_kernels()
+  yield
+  backend.set_kernels(before)
+
+
+@needs_cpu_kernels
+def test_set_kernels_retraces_jitted_functions(restore_kernels):
+  x = jnp.linspace(-3, 3, 256, dtype=jnp.float32).reshape(8, 32)
+  traces = []
+
+  def fn(v):
+    traces.append(backend.get_kernels())
+    return mxjax.quantize(v, "e2m1").dequantize()
+
+  backend.set_kernels("auto")
+  jitted = jax.jit(fn)
+  want = jitted(x)
+  backend.set_kernels("xla")
+  assert backend.get_kernels() == "xla"
+  np.testing.assert_array_equal(jitted(x), want)
+  assert traces == ["auto", "xla"]  # traced again under the new setting
+  assert _custom_calls(fn, x) == 0
+  assert mxjax.backend_info()["ops"]["dequantize"].startswith("plain XLA ops")
+  backend.set_kernels("auto")
+  assert _custom_calls(fn, x) == 2
+  assert "C++ FFI kernels" in mxjax.backend_info()["ops"]["quantize"]
+
+
+def test_bad_kernel_setting_is_an_error(restore_kernels):
+  with pytest.raises(ValueError, match=r"set_kernels.*'auto', 'ffi', 'xla'.*'cuda'"):
+    backend.set_kernels("cuda")
+  proc = subprocess.run([sys.executable, "-c", "import mxjax"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": ROOT, "MXJAX_KERNELS": "fast"})
+  assert proc.returncode != 0 and "MXJAX_KERNELS" in proc.stderr and "'fast'" in proc.stderr
+
+
+def test_ffi_setting_without_kernels_names_the_platform(restore_kernels, monkeypatch):
+  monkeypatch.setattr(backend, "built_platforms", lambda: ())
+  backend.set_kernels("ffi")
+  with pytest.raises(RuntimeError, match=r"MXJAX_KERNELS=ffi.*no FFI kernels for platform "
+                                         r"'cpu'"):
+    mxjax.quantize(jnp.ones((4, 32)), "e4m3")
+  assert mxjax.backend_info()["ops"]["quantize"].startswith("none: MXJAX_KERNELS=ffi")
+  backend.set_kernels("auto")  # auto falls back to XLA where no kernels exist
+  np.testing.assert_array_equal(mxjax.fake_quantize(jnp.ones((4, 32)), "e4m3"), 1.0)
+  assert "no FFI kernels for 'cpu'" in mxjax.backend_info()["ops"]["quantize"]
+
+
+def test_auto_keeps_unverified_cuda_kernels_off(monkeypatch):
+  """A CUDA build's kernels are used by auto only once verified on a GPU."""
+  monkeypatch.setattr(backend, "built_platforms", lambda: ("cpu", "cuda"))
+  monkeypatch.setattr(backend, "get_kernels", lambda: "auto")
+  assert backend.ffi_platforms() == ("cpu",)
+  monkeypatch.setattr(backend, "CUDA_KERNELS_VERIFIED", True)
+  assert backend.ffi_platforms() == ("cpu", "cuda")
