@@ -179,3 +179,14 @@ def float_arrays(draw, shape, dtype, specials: bool = True):
     idx = rng.integers(0, size, size=k)
     v[idx] = rng.choice([np.nan, np.inf, -np.inf], size=k).astype(dtype)
   return v.reshape(shape)
+
+
+def child_env(**extra) -> dict:
+  """The environment of a child Python process that must import the mxjax this one runs:
+  the installed package (as in CI), or the source tree with its in-place build. Its
+  directory leads PYTHONPATH; run such children outside the repository root, where `-m`
+  and `-c` would put the (unbuilt) source tree first."""
+  import mxjax  # noqa: PLC0415 (after the XLA_FLAGS above)
+  home = os.path.dirname(os.path.dirname(os.path.abspath(mxjax.__file__)))
+  path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)
+  return {**os.environ, "PYTHONPATH": path, **extra}

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_example(script: str, *args: str, **env) -> str:
-  path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": path, **env}
+  env = {k: v for k, v in child_env(**env).items() if k != "XLA_FLAGS"}
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, (f"{script} {args} failed:\n{proc.stdout[-2000:]}\n"

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "multiprocess_train.py"
@@ -25,8 +26,7 @@ def free_port() -> int:
 
 
 def launch(args, out, log):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the script sets it
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+  env = {k: v for k, v in child_env().items() if k != "XLA_FLAGS"}  # the script sets it
   return subprocess.Popen([sys.executable, str(SCRIPT), *args, "--out", str(out)], env=env,
                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

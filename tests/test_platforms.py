@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 
 import mxjax
+from conftest import child_env
 from mxjax import backend
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
 SIMD_LEVELS = ("scalar", "avx2", "avx512")
 MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
 
 
 def _run(args, timeout: int, **env) -> subprocess.CompletedProcess:
-  """Runs `python args...` in the repository root with extra environment variables."""
-  path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-  proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout, env={**os.environ, "PYTHONPATH": path, **env})
+  """Runs `python args...` (in tests/, importing this process's mxjax) with extra
+  environment variables."""
+  proc = subprocess.run([sys.executable, *args], cwd=TESTS, capture_output=True, text=True,
+                        timeout=timeout, env=child_env(**env))
   assert proc.returncode == 0, f"{args} with {env} failed:\n{proc.stdout[-3000:]}\n" \
                                f"{proc.stderr[-3000:]}"
   return proc
@@ -117,9 +117,8 @@ def test_set_kernels_retraces_jitted_functions(restore_kernels):
 def test_bad_kernel_setting_is_an_error(restore_kernels):
   with pytest.raises(ValueError, match=r"set_kernels.*'auto', 'ffi', 'xla'.*'cuda'"):
     backend.set_kernels("cuda")
-  proc = subprocess.run([sys.executable, "-c", "import mxjax"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120,
-                        env={**os.environ, "PYTHONPATH": ROOT, "MXJAX_KERNELS": "fast"})
+  proc = subprocess.run([sys.executable, "-c", "import mxjax"], cwd=TESTS, capture_output=True,
+                        text=True, timeout=120, env=child_env(MXJAX_KERNELS="fast"))
   assert proc.returncode != 0 and "MXJAX_KERNELS" in proc.stderr and "'fast'" in proc.stderr
 
 
