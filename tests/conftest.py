@@ -190,3 +190,17 @@ def child_env(**extra) -> dict:
   home = os.path.dirname(os.path.dirname(os.path.abspath(mxjax.__file__)))
   path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)
   return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def every_code_under_every_scale(fmt: str, block_size: int = 32):
+  """Row r holds every code of `fmt` (repeated to at least 64 entries) under scale byte r,
+  for all 256 bytes. -> (codes uint8[256, n], scales e8m0[256, n / block], packed data)."""
+  import jax.numpy as jnp  # noqa: PLC0415 (after the XLA_FLAGS above)
+  from mxjax import formats, reference  # noqa: PLC0415
+  bits = formats.element_format(fmt).bits
+  codes = np.tile(np.arange(1 << bits, dtype=np.uint8), max(1, 64 >> bits))
+  codes = jnp.asarray(np.broadcast_to(codes, (256, codes.size)))
+  scale_bytes = np.repeat(np.arange(256, dtype=np.uint8)[:, None], codes.shape[1] // block_size,
+                          1)
+  scales = jnp.asarray(scale_bytes).view(jnp.float8_e8m0fnu)
+  return codes, scales, reference.pack_codes(codes, fmt)

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
-                      all_f16_patterns, assert_same_floats, bits_of, f32_patterns, float_arrays,
-                      shapes_and_axes, special_blocks)
+                      all_f16_patterns, assert_same_floats, bits_of, every_code_under_every_scale,
+                      f32_patterns, float_arrays, shapes_and_axes, special_blocks)
 from mxjax import formats, reference
 from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, quantize, quantize_2x
@@ -84,11 +84,7 @@ def test_dequantize_every_code_and_scale(fmt):
   """Every code under every scale byte (0xFF, subnormal and overflowing products), bit for
   bit: NaNs too, whose sign and payload must be the oracle's."""
   f = formats.element_format(fmt)
-  codes = np.tile(np.arange(1 << f.bits, dtype=np.uint8), max(1, 64 >> f.bits))
-  codes = jnp.asarray(np.broadcast_to(codes, (256, codes.size)))
-  scale_bytes = np.repeat(np.arange(256, dtype=np.uint8)[:, None], codes.shape[1] // 32, 1)
-  scales = jnp.asarray(scale_bytes).view(jnp.float8_e8m0fnu)
-  data = reference.pack_codes(codes, fmt)
+  codes, scales, data = every_code_under_every_scale(fmt)
   for dtype in DTYPES:
     a = MXArray(data=data, scales=scales, format=fmt, block_size=32, axis_from_end=-1,
                 length=codes.shape[1], dtype=jnp.dtype(dtype), scale_mode="rceil")

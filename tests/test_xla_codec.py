@@ -13,7 +13,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import mxjax
 from conftest import (DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns, all_f16_patterns,
-                      bits_of, f32_patterns, float_arrays, shapes_and_axes, special_blocks)
+                      bits_of, every_code_under_every_scale, f32_patterns, float_arrays,
+                      shapes_and_axes, special_blocks)
 from mxjax import backend, formats, reference, xla_codec
 
 
@@ -75,12 +76,7 @@ def test_every_bit_pattern_rowwise_and_columnwise(fmt):
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_dequantize_every_code_under_every_scale(fmt):
-  f = formats.element_format(fmt)
-  codes = np.tile(np.arange(1 << f.bits, dtype=np.uint8), max(1, 64 >> f.bits))
-  codes = jnp.asarray(np.broadcast_to(codes, (256, codes.size)))
-  scale_bytes = np.repeat(np.arange(256, dtype=np.uint8)[:, None], codes.shape[1] // 32, 1)
-  scales = jnp.asarray(scale_bytes).view(jnp.float8_e8m0fnu)
-  data = reference.pack_codes(codes, fmt)
+  codes, scales, data = every_code_under_every_scale(fmt)
   for dtype in DTYPES:
     got = codec_dequantize(data, scales, fmt, -1, 32, codes.shape[1], dtype)
     want = reference.dequantize(data, scales, fmt, block_size=32, shape=codes.shape,
