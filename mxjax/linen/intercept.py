@@ -99,14 +99,14 @@ def _einsum_layer(module: nn.Einsum, inputs, einsum_str: str | None = None):
   kernel = module.param("kernel", module.kernel_init, module.shape, module.param_dtype)
   bias = None
   if module.use_bias:
-    in_ix, kernel_ix, out_ix = parse_subscripts(einsum_str, inputs.ndim, len(module.shape))
-    features = [c for c in out_ix if c in kernel_ix]
-    bias_shape = [module.shape[kernel_ix.index(c)] for c in features]
-    bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)
+    _, kernel_ix, out_ix = parse_subscripts(einsum_str, inputs.ndim, len(module.shape))
+    # per output index: its kernel dim's size (a feature, carried by the bias) or None
+    features = [module.shape[kernel_ix.index(c)] if c in kernel_ix else None for c in out_ix]
+    bias = module.param("bias", module.bias_init, [n for n in features if n is not None],
+                        module.param_dtype)
   inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
   y = hooks.Einsum()(einsum_str, inputs, kernel, precision=module.precision,
                      preferred_element_type=module.preferred_element_type)
   if bias is not None:
-    y += jnp.reshape(bias, [module.shape[kernel_ix.index(c)] if c in kernel_ix else 1
-                            for c in out_ix])
+    y += jnp.reshape(bias, [1 if n is None else n for n in features])
   return y
