@@ -283,3 +283,18 @@ def test_dequantize_columnwise_every_code_and_scale(fmt):
     want = reference.dequantize(data, scales, fmt, axis=0, block_size=32, shape=codes.shape,
                                 dtype=dtype)
     assert_same_floats(dequantize(a, dtype), want)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (2048, 8200)])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_inputs_past_the_streaming_store_size(shape, fmt):
+  """Inputs of 32 MiB and more (ffi/cpu/kernels.h, kStreamMinBytes) have their outputs written
+  with streaming stores: whole aligned lines from a staging buffer or straight from the
+  column strips, the ragged line ends (8200 columns) with ordinary stores."""
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1]))
+  assert x.nbytes >= 32 << 20
+  rows, cols = quantize_2x(x, fmt)
+  for axis, got in [(-1, quantize(x, fmt, axis=-1)), (0, quantize(x, fmt, axis=0)), (-1, rows),
+                    (0, cols)]:
+    data, scales = reference.quantize(x, fmt, axis=axis)
+    assert_same_quantized(got, data, scales)

@@ -9,6 +9,7 @@
 #include "simd256.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
+#include "stream.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -63,15 +64,36 @@ void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int bl
   if (b0 < b1) quantize_row<F, In>(x, n, b0, b1, block, mode, data, scales);
 }
 
+// row_span, with `stream`: through a staging buffer in L1, whose whole lines go out with
+// streaming stores (stream.h). Staging rounds are aligned to kStage blocks of the row.
+template <class F, class In>
+void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int block,
+             int32_t mode, uint8_t* data, uint8_t* scales, bool stream) {
+  if (!stream) return row_span<F, In>(x, n, b0, b1, block, mode, data, scales);
+  constexpr int64_t kStage = 64;
+  alignas(64) uint8_t sdata[kStage * block_storage<F>(kMaxBlock)];
+  alignas(64) uint8_t sscales[kStage];
+  const int64_t bs = block_storage<F>(block);
+  const int64_t storage = ceil_div(n, F::group_codes) * F::group_bytes;
+  for (int64_t b = b0; b < b1;) {
+    const int64_t e = min64(b1, (b / kStage + 1) * kStage);
+    row_span<F, In>(x + b * block, n - b * block, 0, e - b, block, mode, sdata, sscales);
+    stream_copy(data + b * bs, sdata, min64(e * bs, storage) - b * bs);
+    stream_copy(scales + b, sscales, e - b);
+    b = e;
+  }
+}
+
 #ifdef MXJAX_HAVE_SIMD_ROWS
 // Columnwise quantize of a bf16 / block-32 tile (layout as in quantize_cols), columns
 // [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
 // L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
 // path for strips that need it and the columns past the last strip. on_row(r) runs first
-// in the amax pass (quantize_2x encodes the row there, while it is in L1).
+// in the amax pass (quantize_2x encodes the row there, while it is in L1). `stream`: the
+// strips' data and scales go out with streaming stores (whole lines: see col_stream).
 template <class F, class OnRow>
 void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
-                   uint8_t* data, uint8_t* scales, OnRow on_row) {
+                   uint8_t* data, uint8_t* scales, bool stream, OnRow on_row) {
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
   const int strips = int((c1 - c0) / W);
@@ -90,14 +112,18 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   }
   uint64_t scalar = 0;
   for (int j = 0; j < strips; ++j) {
-    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &k16[j])) scalar |= 1ull << j;
+    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &k16[j], stream)) {
+      scalar |= 1ull << j;
+    }
   }
   for (int r = 0; r < rows; r += F::group_codes) {
     uint8_t* out = data + r / F::group_codes * F::group_bytes * ld + c0;
     for (int j = 0; j < strips; ++j) {
-      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, k16[j], out + j * W, ld);
+      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, k16[j], out + j * W, ld,
+                            stream);
     }
   }
+  if (stream && scalar) stream_fence();  // the scalar path below rewrites streamed bytes
   for (int j = 0; j < strips; ++j) {
     const int64_t c = c0 + j * W;
     if ((scalar >> j) & 1) quantize_cols<F, BF16>(x, ld, rows, c, c + W, 32, mode, data, scales);
@@ -111,14 +137,25 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 // bf16 / block-32 path where there is one, quantize_cols otherwise.
 template <class F, class In, class OnRow>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
-              int32_t mode, uint8_t* data, uint8_t* scales, OnRow on_row) {
+              int32_t mode, uint8_t* data, uint8_t* scales, bool stream, OnRow on_row) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
   if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, on_row);
+    if (block == 32) {
+      return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream, on_row);
+    }
   }
+#else
+  (void)stream;
 #endif
   for (int r = 0; r < rows; ++r) on_row(r);
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
+}
+
+// Whether a column tile's strips may stream (col_tile_bf16): they then cover whole aligned
+// lines, as tiles start at multiples of kUnitCols and storage rows are `ld` bytes.
+bool col_stream(bool stream, int64_t ld, const uint8_t* data, const uint8_t* scales) {
+  auto aligned = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
+  return stream && ld % 64 == 0 && aligned(data) && aligned(scales);
 }
 
 void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
@@ -134,21 +171,23 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
-        row_span<F, In>(x + row * p.n, p.n, u % nb, b1, block, p.mode, p.data + row * storage,
-                        p.scales + row * nb);
+        row_out<F, In>(x + row * p.n, p.n, u % nb, b1, block, p.mode, p.data + row * storage,
+                       p.scales + row * nb, p.stream);
         u += b1 - u % nb;
       }
       return;
     }
+    const bool stream = col_stream(p.stream, p.inner, p.data, p.scales);
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                      p.scales + (t.o * nb + t.j) * p.inner, [](int) {});
+                      p.scales + (t.o * nb + t.j) * p.inner, stream, [](int) {});
     }
   });
+  if (p.stream) stream_fence();
 }
 
 void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
@@ -161,6 +200,7 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
     const int64_t nbm = ceil_div(p.m, p.block), nbk = ceil_div(p.k, p.block);
     const int64_t sm = ceil_div(p.m, F::group_codes) * F::group_bytes;
     const int64_t sk = ceil_div(p.k, F::group_codes) * F::group_bytes;
+    const bool stream = col_stream(p.stream, p.k, p.col_data, p.col_scales);
     for (int64_t u = begin; u < end; ++u) {
       // Both quantizations of one [block, kUnitCols] tile while it is in L1.
       Tile t = tile_of(u, nbm, p.k);
@@ -169,12 +209,15 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
       auto row = [&](int r) {  // rowwise blocks of the tile's row r
-        row_span<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
-                        p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk);
+        row_out<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
+                       p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk,
+                       p.stream);
       };
-      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, row);
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream,
+                      row);
     }
   });
+  if (p.stream) stream_fence();
 }
 
 void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {

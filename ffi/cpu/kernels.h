@@ -14,6 +14,11 @@ constexpr int64_t kUnitCols = 512;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Inputs of at least this many bytes get their outputs written with streaming stores
+// (stream.h): larger than the last-level cache, so the outputs would be evicted before
+// their consumer runs anyway, and the stores would pay a read of each line.
+constexpr int64_t kStreamMinBytes = int64_t{32} << 20;
+
 // x viewed as [outer, n, inner], quantized along n. Work units: with inner == 1 one block
 // of one row each; otherwise one (outer, block row, kUnitCols columns) tile each.
 struct QuantizeProblem {
@@ -22,6 +27,7 @@ struct QuantizeProblem {
   int64_t block, outer, n, inner;
   uint8_t* data;    // [outer, storage(n), inner]
   uint8_t* scales;  // [outer, ceil(n / block), inner]
+  bool stream;      // write data and scales with streaming stores where they are aligned
 };
 
 // x viewed as [batch, m, k]: rowwise along k and columnwise along m in one pass. Work
@@ -34,6 +40,7 @@ struct Quantize2xProblem {
   uint8_t* row_scales;  // [batch, m, ceil(k / block)]
   uint8_t* col_data;    // [batch, storage(m), k]
   uint8_t* col_scales;  // [batch, ceil(m / block), k]
+  bool stream;          // as in QuantizeProblem
 };
 
 // out viewed as [outer, n, inner]; units as for QuantizeProblem.

@@ -23,7 +23,8 @@ ffi::Future Quantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::An
   FormatInfo info = *format_info(format);
   QuantizeProblem p{x.untyped_data(), *dtype, format, mode, block, 0, 0, 0,
                     static_cast<uint8_t*>(data->untyped_data()),
-                    static_cast<uint8_t*>(scales->untyped_data())};
+                    static_cast<uint8_t*>(scales->untyped_data()),
+                    int64_t(x.size_bytes()) >= kStreamMinBytes};
   view3(dims, axis, p.outer, p.n, p.inner);
   if (ffi::Error e = check_buffer("data", *data, info.storage, dims, axis, info.storage_length(p.n));
       !e.success()) {
@@ -75,7 +76,8 @@ ffi::Future Quantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x,
                       static_cast<uint8_t*>(row_data->untyped_data()),
                       static_cast<uint8_t*>(row_scales->untyped_data()),
                       static_cast<uint8_t*>(col_data->untyped_data()),
-                      static_cast<uint8_t*>(col_scales->untyped_data())};
+                      static_cast<uint8_t*>(col_scales->untyped_data()),
+                      int64_t(x.size_bytes()) >= kStreamMinBytes};
   const Kernels& kern = kernels();
   int64_t u = units(p);
   return parallel_for(pool, u, batch * m * k / u,

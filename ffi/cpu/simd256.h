@@ -234,10 +234,20 @@ inline Vec strip_amax(Vec amax, const uint16_t* x) {
       amax, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), set16(0x7FFF)));
 }
 
-// Stores the strip's 16 scale bytes and returns its k16 (see encode16); false where a block
-// needs the scalar path.
+// 16 bytes to out (`stream`: a streaming store, out 16-byte aligned).
+inline void store16(__m128i v, uint8_t* out, bool stream) {
+  __m128i* dst = reinterpret_cast<__m128i*>(out);
+  if (stream) {
+    _mm_stream_si128(dst, v);
+  } else {
+    _mm_storeu_si128(dst, v);
+  }
+}
+
+// Stores the strip's 16 scale bytes (`stream`: with a streaming store) and returns its k16
+// (see encode16); false where a block needs the scalar path.
 template <class F>
-inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
+inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool stream) {
   __m256i klo, khi;
   int slo, shi;
   const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(amax)), 16);
@@ -246,38 +256,39 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
   const __m256i bhi = scales8<F>(hi, mode, &khi, &shi);
   const __m256i b16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
   const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(b16, b16), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm256_castsi256_si128(b8));
+  store16(_mm256_castsi256_si128(b8), scales, stream);
   *k16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8);
   return (slo | shi) == 0;
 }
 
-// 16 u16 lanes (values < 256 after the mask) -> 16 bytes at out.
-inline void store_bytes16(__m256i v, uint8_t* out) {
+// 16 u16 lanes (values < 256 after the mask) -> 16 bytes at out (as store16).
+inline void store_bytes16(__m256i v, uint8_t* out, bool stream) {
   v = _mm256_and_si256(v, set16(0xFF));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
-                   _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(v, v), 0x08)));
+  store16(_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi16(v, v), 0x08)), out,
+          stream);
 }
 
 // The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
 // rows from `rows` on are zero padding), with its k16, stored in F's group_bytes storage
-// rows `dld` apart at out.
+// rows `dld` apart at out (`stream`: with streaming stores, out 16-byte aligned).
 template <class F>
 inline void strip_encode(const uint16_t* x, int64_t ld, int rows, Vec k16, uint8_t* out,
-                         int64_t dld) {
+                         int64_t dld, bool stream) {
   __m256i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
     c[i] = i < rows ? encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld)), k16)
                     : _mm256_setzero_si256();
   }
   if constexpr (F::bits == 8) {
-    store_bytes16(c[0], out);
+    store_bytes16(c[0], out, stream);
   } else if constexpr (F::bits == 4) {
-    store_bytes16(_mm256_or_si256(c[0], _mm256_slli_epi16(c[1], 4)), out);
+    store_bytes16(_mm256_or_si256(c[0], _mm256_slli_epi16(c[1], 4)), out, stream);
   } else {  // c0 | c1 << 6 | c2 << 12 | c3 << 18 in three bytes
-    store_bytes16(_mm256_or_si256(c[0], _mm256_slli_epi16(c[1], 6)), out);
-    store_bytes16(_mm256_or_si256(_mm256_srli_epi16(c[1], 2), _mm256_slli_epi16(c[2], 4)), out + dld);
+    store_bytes16(_mm256_or_si256(c[0], _mm256_slli_epi16(c[1], 6)), out, stream);
+    store_bytes16(_mm256_or_si256(_mm256_srli_epi16(c[1], 2), _mm256_slli_epi16(c[2], 4)),
+                  out + dld, stream);
     store_bytes16(_mm256_or_si256(_mm256_srli_epi16(c[2], 4), _mm256_slli_epi16(c[3], 2)),
-                  out + 2 * dld);
+                  out + 2 * dld, stream);
   }
 }
 

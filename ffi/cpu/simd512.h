@@ -213,18 +213,18 @@ inline Vec strip_amax(Vec amax, const uint16_t* x) {
   return _mm512_max_epu16(amax, _mm512_and_si512(_mm512_loadu_si512(x), _mm512_set1_epi16(0x7FFF)));
 }
 
-// Stores the strip's 32 scale bytes and returns its k16 (see encode32); false where a block
-// needs the scalar path.
+// Stores the strip's 32 scale bytes (`stream`: with streaming stores) and returns its k16
+// (see encode32); false where a block needs the scalar path.
 template <class F>
-inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
+inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool stream) {
   __m512i klo, khi;
   __mmask16 slo, shi;
   __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(amax)), 16);
   __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(amax, 1)), 16);
   __m512i blo = scales16<F>(lo, mode, &klo, &slo);
   __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales), _mm512_cvtepi32_epi8(blo));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + 16), _mm512_cvtepi32_epi8(bhi));
+  simd256::store16(_mm512_cvtepi32_epi8(blo), scales, stream);
+  simd256::store16(_mm512_cvtepi32_epi8(bhi), scales + 16, stream);
   *k16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
                             _mm512_cvtepi32_epi16(khi), 1);
   return (slo | shi) == 0;
@@ -232,16 +232,21 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16) {
 
 // The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
 // rows from `rows` on are zero padding), with its k16, stored in F's group_bytes storage
-// rows `dld` apart at out.
+// rows `dld` apart at out (`stream`: with streaming stores, out 32-byte aligned).
 template <class F>
 inline void strip_encode(const uint16_t* x, int64_t ld, int rows, Vec k16, uint8_t* out,
-                         int64_t dld) {
+                         int64_t dld, bool stream) {
   __m512i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
     c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), k16) : _mm512_setzero_si512();
   }
-  auto store = [](__m512i v, uint8_t* o) {  // low byte of each u16 lane
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi16_epi8(v));
+  auto store = [stream](__m512i v, uint8_t* o) {  // low byte of each u16 lane
+    __m256i* dst = reinterpret_cast<__m256i*>(o);
+    if (stream) {
+      _mm256_stream_si256(dst, _mm512_cvtepi16_epi8(v));
+    } else {
+      _mm256_storeu_si256(dst, _mm512_cvtepi16_epi8(v));
+    }
   };
   if constexpr (F::bits == 8) {
     store(c[0], out);
