@@ -97,7 +97,8 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
   const int strips = int((c1 - c0) / W);
-  simd::Vec amax[kUnitCols / W], k16[kUnitCols / W];
+  simd::Vec amax[kUnitCols / W];
+  simd::Scale scale[kUnitCols / W];
   for (int j = 0; j < strips; ++j) amax[j] = simd::Vec{};
   // The tile's rows are more streams than hardware prefetchers follow: fetch the next tile
   // of the same rows (the next work unit) ahead.
@@ -112,14 +113,14 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   }
   uint64_t scalar = 0;
   for (int j = 0; j < strips; ++j) {
-    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &k16[j], stream)) {
+    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &scale[j], stream)) {
       scalar |= 1ull << j;
     }
   }
   for (int r = 0; r < rows; r += F::group_codes) {
     uint8_t* out = data + r / F::group_codes * F::group_bytes * ld + c0;
     for (int j = 0; j < strips; ++j) {
-      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, k16[j], out + j * W, ld,
+      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, scale[j], out + j * W, ld,
                             stream);
     }
   }

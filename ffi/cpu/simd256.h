@@ -3,9 +3,7 @@
 // dequantize. Host only; included by kernels.cc in the TUs built with -mavx2 and -mavx512bw
 // (which quantizes with simd512.h, and uses the byte packers here). Bit-exact with the
 // templates of quantize.h, which handle what these do not (other dtypes / blocks, NaN / Inf
-// blocks, blocks with tiny scales); the encoding in 16-bit integer lanes is simd512.h's
-// (see there), with AVX2's missing variable 16-bit shift done as a high multiply by
-// 2^(16 - sh), the power looked up with a byte shuffle.
+// blocks, blocks with tiny scales); the encoding (encode16) is simd512.h's.
 #ifndef MXJAX_CPU_SIMD256_H_
 #define MXJAX_CPU_SIMD256_H_
 
@@ -34,65 +32,68 @@ inline __m256i byte_table(const uint8_t (&t)[16]) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
-// 16 bf16 (bits) -> 16 magnitude|sign codes in u16 lanes; k16 = bias - scale byte per lane.
+// What encode16 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
+// k << 7 in u16 lanes, and 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order
+// of _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15).
+struct Scale {
+  __m256i k7;
+  __m256 sub_lo, sub_hi;
+};
+
+// 2^(k + man + 126) as f32 for k in i32 lanes (clamped to a normal f32 for zero blocks).
 template <class F>
-inline __m256i encode16_full(__m256i x, __m256i k16) {
-  constexpr int c = 7 - F::man_bits;  // the shift sh below lies in [c, 9], c >= 4
-  static constexpr uint8_t kPowLo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80};
-  static constexpr uint8_t kPowHi[16] = {0, 0, 0, 0, 0x10, 0x08, 0x04, 0x02, 0x01, 0};
-  static constexpr uint8_t kHalfM1[16] = {0, 0, 1, 3, 7, 15, 31, 63, 127, 255};
+inline __m256 subnormal_mul(__m256i k) {
+  const __m256i e = _mm256_max_epi32(_mm256_add_epi32(k, set32(F::man_bits + 253)), set32(1));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+
+template <class F>
+inline Scale scale_of(__m256i k16) {
+  return {_mm256_slli_epi16(k16, 7),
+          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpacklo_epi16(k16, k16), 16)),
+          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpackhi_epi16(k16, k16), 16))};
+}
+
+
+// 16 bf16 (bits) -> 16 magnitude|sign codes in u16 lanes (simd512.h's encoding, normal range:
+// code = RNE(m >> (7 - man)) with m = |x| + (k << 7)). The element subnormals are
+// RNE(v * 2^(man - emin)) = RNE(|x| * 2^(k + man + 126)), exact in f32, rounded to an integer
+// by the float -> int conversion (round to nearest even).
+template <class F>
+inline __m256i encode16(__m256i x, const Scale& s) {
+  constexpr int c = 7 - F::man_bits;
   const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
-  const __m256i expx = _mm256_srli_epi16(ax, 7);
-  const __m256i subnormal = _mm256_cmpeq_epi16(_mm256_and_si256(ax, set16(0x7F80)),
-                                               _mm256_setzero_si256());
-  const __m256i sig = _mm256_or_si256(_mm256_and_si256(ax, set16(0x7F)),
-                                      _mm256_andnot_si256(subnormal, set16(0x80)));
-  const __m256i eb = _mm256_add_epi16(_mm256_max_epi16(expx, set16(1)), k16);
-  __m256i sh = _mm256_max_epi16(_mm256_sub_epi16(set16(c + 1), eb), set16(c));
-  sh = _mm256_min_epi16(sh, set16(9));
-  // v >> sh == mulhi(v, 2^(16 - sh)) for v < 2^16; sh < 16 sits in each lane's low byte.
-  const __m256i pow = _mm256_or_si256(
-      _mm256_shuffle_epi8(byte_table(kPowLo), sh),
-      _mm256_slli_epi16(_mm256_shuffle_epi8(byte_table(kPowHi), sh), 8));
-  const __m256i half_m1 = _mm256_shuffle_epi8(byte_table(kHalfM1), sh);
-  const __m256i base = _mm256_slli_epi16(
-      _mm256_max_epi16(_mm256_sub_epi16(eb, set16(1)), _mm256_setzero_si256()), F::man_bits);
-  const __m256i odd = _mm256_and_si256(_mm256_mulhi_epu16(sig, pow), set16(1));
-  const __m256i r = _mm256_mulhi_epu16(_mm256_add_epi16(_mm256_add_epi16(sig, half_m1), odd), pow);
-  const __m256i code = _mm256_min_epu16(_mm256_add_epi16(base, r), set16(F::max_code));
+  const __m256i m = _mm256_add_epi16(ax, s.k7);
+  const __m256i normal = _mm256_cmpgt_epi16(m, set16(127));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(m, c), set16(1));
+  const __m256i r = _mm256_srli_epi16(
+      _mm256_add_epi16(_mm256_add_epi16(m, set16((1 << (c - 1)) - 1)), odd), c);
+  __m256i code = _mm256_and_si256(_mm256_min_epu16(r, set16(F::max_code)), normal);
+  const __m256i zero = _mm256_cmpeq_epi16(ax, _mm256_setzero_si256());
+  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
+  if (F::bits != 8 || !_mm256_testc_si256(_mm256_or_si256(normal, zero), set16(-1))) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i lo = _mm256_cvtps_epi32(
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ax)), s.sub_lo));
+    const __m256i hi = _mm256_cvtps_epi32(
+        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ax)), s.sub_hi));
+    code = _mm256_blendv_epi8(_mm256_packs_epi32(lo, hi), code, normal);
+  }
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
                                         set16(1 << (F::bits - 1)));
   return _mm256_or_si256(code, sign);
 }
 
-// encode16_full, with simd512::encode32's shortcut for vectors whose nonzero lanes all land
-// in the element's normal range (FP8 only: FP6 / FP4 blocks usually have subnormals).
+// The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
+// an element normal (byte > bias), and 2^(k + man + 126) to be a finite f32.
 template <class F>
-inline __m256i encode16(__m256i x, __m256i k16) {
-  if constexpr (F::bits != 8) {
-    return encode16_full<F>(x, k16);
-  } else {
-    constexpr int c = 7 - F::man_bits;
-    const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
-    const __m256i m = _mm256_add_epi16(ax, _mm256_slli_epi16(k16, 7));
-    const __m256i normal = _mm256_cmpgt_epi16(m, set16(127));
-    const __m256i zero = _mm256_cmpeq_epi16(ax, _mm256_setzero_si256());
-    if (__builtin_expect(!_mm256_testc_si256(_mm256_or_si256(normal, zero), set16(-1)), 0)) {
-      return encode16_full<F>(x, k16);
-    }
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(m, c), set16(1));
-    const __m256i r = _mm256_srli_epi16(
-        _mm256_add_epi16(_mm256_add_epi16(m, set16((1 << (c - 1)) - 1)), odd), c);
-    const __m256i code = _mm256_and_si256(_mm256_min_epu16(r, set16(F::max_code)), normal);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
-                                          set16(1 << (F::bits - 1)));
-    return _mm256_or_si256(code, sign);
-  }
+constexpr int32_t min_simd_byte() {
+  return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
 }
 
 // Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
 // lanes; *k gets bias - byte (kZeroBlockK for zero blocks); returns in *slow a bit per
-// block that the scalar path must do (NaN / Inf, or nonzero with byte <= bias).
+// block that the scalar path must do (NaN / Inf, or nonzero with byte < min_simd_byte).
 template <class F>
 inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
   const __m256i exp = _mm256_srli_epi32(a, 23);
@@ -106,7 +107,7 @@ inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
   const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
   __m256i byte = _mm256_andnot_si256(zero, _mm256_add_epi32(e, set32(127)));
   byte = _mm256_or_si256(byte, _mm256_and_si256(nan, set32(0xFF)));
-  const __m256i tiny = _mm256_or_si256(_mm256_cmpgt_epi32(set32(F::bias + 1), byte),
+  const __m256i tiny = _mm256_or_si256(_mm256_cmpgt_epi32(set32(min_simd_byte<F>()), byte),
                                        _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
   *slow = _mm256_movemask_ps(_mm256_castsi256_ps(
       _mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
@@ -185,9 +186,11 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
   __m256i k;
   int slow;
   const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
-  alignas(32) int32_t bytes[8], kk[8];
+  alignas(32) int32_t bytes[8], k7[8];
+  alignas(32) float sub[8];  // the Scale of block i: k7[i] and sub[i] in every lane
   _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(kk), k);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(k7), _mm256_slli_epi32(k, 7));
+  _mm256_store_ps(sub, subnormal_mul<F>(k));
   constexpr int64_t bs = block_storage<F>(32);
   for (int i = 0; i < nblk; ++i) {
     if ((slow >> i) & 1) {
@@ -199,10 +202,10 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
       continue;
     }
     scales[i] = uint8_t(bytes[i]);
-    const __m256i k16 = set16(kk[i]);
+    const Scale sc = {set16(k7[i]), _mm256_set1_ps(sub[i]), _mm256_set1_ps(sub[i])};
     const __m256i* p = reinterpret_cast<const __m256i*>(x + 32 * i);
-    const __m256i lo = encode16<F>(_mm256_loadu_si256(p), k16);
-    const __m256i hi = encode16<F>(_mm256_loadu_si256(p + 1), k16);
+    const __m256i lo = encode16<F>(_mm256_loadu_si256(p), sc);
+    const __m256i hi = encode16<F>(_mm256_loadu_si256(p + 1), sc);
     store_block<F>(code_bytes(lo, hi), data + bs * i);
   }
 }
@@ -244,10 +247,10 @@ inline void store16(__m128i v, uint8_t* out, bool stream) {
   }
 }
 
-// Stores the strip's 16 scale bytes (`stream`: with a streaming store) and returns its k16
+// Stores the strip's 16 scale bytes (`stream`: with a streaming store) and sets its Scale
 // (see encode16); false where a block needs the scalar path.
 template <class F>
-inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool stream) {
+inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, bool stream) {
   __m256i klo, khi;
   int slo, shi;
   const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(amax)), 16);
@@ -257,7 +260,7 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool
   const __m256i b16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
   const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(b16, b16), 0x08);
   store16(_mm256_castsi256_si128(b8), scales, stream);
-  *k16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8);
+  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8));
   return (slo | shi) == 0;
 }
 
@@ -269,14 +272,14 @@ inline void store_bytes16(__m256i v, uint8_t* out, bool stream) {
 }
 
 // The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its k16, stored in F's group_bytes storage
+// rows from `rows` on are zero padding), with its Scale, stored in F's group_bytes storage
 // rows `dld` apart at out (`stream`: with streaming stores, out 16-byte aligned).
 template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, Vec k16, uint8_t* out,
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
                          int64_t dld, bool stream) {
   __m256i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld)), k16)
+    c[i] = i < rows ? encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld)), s)
                     : _mm256_setzero_si256();
   }
   if constexpr (F::bits == 8) {

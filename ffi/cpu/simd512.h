@@ -4,14 +4,11 @@
 // these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
 //
 // Elements are encoded in 16-bit integer lanes straight from the bf16 bits: x * 2^-e only
-// moves the exponent, so v's exponent is exp(x) - e and its significand is x's (8 bits
-// with the hidden one). The element code is then
-//   eb   = exp(x) - 127 - e + bias          (v's biased exponent in the element format)
-//   code = max(eb - 1, 0) << man + RNE(sig >> (7 - man + max(1 - eb, 0)))
-// which carries a round-up into the exponent as a float add would, and gives the element
-// subnormals for eb < 1; saturation is min(code, max_code). This needs sig to carry the
-// hidden one, i.e. a normal bf16 x, whenever eb >= 1: true unless the scale byte is
-// <= bias, and such blocks (and NaN / Inf blocks) go to the scalar path.
+// moves the exponent, so v's exponent is exp(x) - e and its significand is x's; with
+// k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
+// Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
+// below, a float multiply and conversion (encode32). Blocks with scale bytes below
+// simd256::min_simd_byte (and NaN / Inf blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 
@@ -39,62 +36,65 @@ namespace simd512 {
 // k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
 constexpr int16_t kZeroBlockK = -256;
 
-// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes; k16 = bias - scale byte per lane.
+// What encode32 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
+// k << 7 in u16 lanes, and 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order
+// of _mm512_unpacklo / hi_epi16.
+struct Scale {
+  __m512i k7;
+  __m512 sub_lo, sub_hi;
+};
+
+// 2^(k + man + 126) as f32 for k in i32 lanes (clamped to a normal f32 for zero blocks).
 template <class F>
-inline __m512i encode32_full(__m512i x, __m512i k16) {
+inline __m512 subnormal_mul(__m512i k) {
+  const __m512i e = _mm512_max_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(F::man_bits + 253)),
+                                     _mm512_set1_epi32(1));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+
+template <class F>
+inline Scale scale_of(__m512i k16) {
+  return {_mm512_slli_epi16(k16, 7),
+          subnormal_mul<F>(_mm512_srai_epi32(_mm512_unpacklo_epi16(k16, k16), 16)),
+          subnormal_mul<F>(_mm512_srai_epi32(_mm512_unpackhi_epi16(k16, k16), 16))};
+}
+
+
+// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. Lanes in the
+// element's normal range (eb >= 1): v's bits in a bf16-like layout whose exponent field is
+// eb are m = |x| + (k << 7) (eb <= 253 and eb >= -253, so m fits an int16, and eb >= 1 iff
+// m >= 128), and code = RNE(m >> (7 - man)) carries into the exponent by itself. Element
+// subnormals: RNE(v * 2^(man - emin)) = RNE(|x| * 2^(k + man + 126)), exact in f32, rounded
+// to an integer by the float -> int conversion (round to nearest even).
+template <class F>
+inline __m512i encode32(__m512i x, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  const __m512i expx = _mm512_srli_epi16(ax, 7);
-  const __mmask32 normal = _mm512_test_epi16_mask(ax, _mm512_set1_epi16(0x7F80));
-  __m512i sig = _mm512_and_si512(ax, _mm512_set1_epi16(0x7F));
-  sig = _mm512_mask_add_epi16(sig, normal, sig, _mm512_set1_epi16(0x80));
-  const __m512i eb = _mm512_add_epi16(_mm512_max_epi16(expx, _mm512_set1_epi16(1)), k16);
-  __m512i sh = _mm512_max_epi16(_mm512_sub_epi16(_mm512_set1_epi16(c + 1), eb),
-                                _mm512_set1_epi16(c));
-  sh = _mm512_min_epi16(sh, _mm512_set1_epi16(9));
-  const __m512i base = _mm512_slli_epi16(
-      _mm512_max_epi16(_mm512_sub_epi16(eb, _mm512_set1_epi16(1)), _mm512_setzero_si512()),
-      F::man_bits);
-  // RNE(sig >> sh): add 2^(sh-1) - 1 plus the kept lsb, then shift.
-  const __m512i half_m1 =
-      _mm512_srlv_epi16(_mm512_set1_epi16(-1), _mm512_sub_epi16(_mm512_set1_epi16(17), sh));
-  const __m512i odd = _mm512_and_si512(_mm512_srlv_epi16(sig, sh), _mm512_set1_epi16(1));
-  const __m512i r =
-      _mm512_srlv_epi16(_mm512_add_epi16(_mm512_add_epi16(sig, half_m1), odd), sh);
-  __m512i code = _mm512_min_epu16(_mm512_add_epi16(base, r),
-                                  _mm512_set1_epi16(int16_t(F::max_code)));
+  const __m512i m = _mm512_add_epi16(ax, s.k7);
+  const __mmask32 normal = _mm512_cmpge_epi16_mask(m, _mm512_set1_epi16(128));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(m, c), _mm512_set1_epi16(1));
+  const __m512i r = _mm512_srli_epi16(
+      _mm512_add_epi16(_mm512_add_epi16(m, _mm512_set1_epi16((1 << (c - 1)) - 1)), odd), c);
+  __m512i code = _mm512_maskz_min_epu16(normal, r, _mm512_set1_epi16(int16_t(F::max_code)));
+  const __mmask32 subnormal = ~normal & _mm512_test_epi16_mask(ax, ax);
+  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
+  if (F::bits != 8 || subnormal) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i lo = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, ax)), s.sub_lo));
+    const __m512i hi = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, ax)), s.sub_hi));
+    code = _mm512_mask_mov_epi16(code, subnormal, _mm512_packs_epi32(lo, hi));
+  }
   const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
   // code | (sign & signbit)
   return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
                                    0xF8);
 }
 
-// encode32_full, with a shortcut for vectors whose nonzero lanes all land in the element's
-// normal range (eb >= 1): there v's bits in a bf16-like layout whose exponent field is eb
-// are m = |x| + (k << 7) (eb <= 253 and eb >= -253, so m fits an int16 and eb >= 1 iff
-// m >= 128), and code = RNE(m >> (7 - man)) carries into the exponent by itself.
-template <class F>
-inline __m512i encode32(__m512i x, __m512i k16) {
-  constexpr int c = 7 - F::man_bits;
-  const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  if constexpr (F::bits != 8) return encode32_full<F>(x, k16);  // often has subnormals
-  const __m512i m = _mm512_add_epi16(ax, _mm512_slli_epi16(k16, 7));
-  const __mmask32 normal = _mm512_cmpge_epi16_mask(m, _mm512_set1_epi16(128));
-  if (__builtin_expect((~normal & _mm512_test_epi16_mask(ax, ax)) != 0, 0)) {
-    return encode32_full<F>(x, k16);
-  }
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(m, c), _mm512_set1_epi16(1));
-  const __m512i r = _mm512_srli_epi16(
-      _mm512_add_epi16(_mm512_add_epi16(m, _mm512_set1_epi16((1 << (c - 1)) - 1)), odd), c);
-  const __m512i code = _mm512_maskz_min_epu16(normal, r, _mm512_set1_epi16(int16_t(F::max_code)));
-  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
-  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
-                                   0xF8);
-}
-
 // Scale bytes of 16 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
 // lanes; *k gets bias - byte (kZeroBlockK for zero blocks); *slow marks the blocks that the
-// scalar path must do (NaN / Inf, or nonzero with byte <= bias).
+// scalar path must do (NaN / Inf, or nonzero with byte < min_simd_byte).
 template <class F>
 inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   const __m512i exp = _mm512_srli_epi32(a, 23);
@@ -110,7 +110,8 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   __m512i byte = _mm512_maskz_add_epi32(~zero, e, _mm512_set1_epi32(127));
   const __mmask16 nan = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(int32_t(kF32Inf)));
   byte = _mm512_mask_mov_epi32(byte, nan, _mm512_set1_epi32(0xFF));
-  const __mmask16 tiny = _mm512_cmple_epi32_mask(byte, _mm512_set1_epi32(F::bias)) |
+  const __m512i min_byte = _mm512_set1_epi32(simd256::min_simd_byte<F>());
+  const __mmask16 tiny = _mm512_cmplt_epi32_mask(byte, min_byte) |
                          _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
   *slow = nan | (tiny & ~zero);
   *k = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_set1_epi32(F::bias), byte), zero,
@@ -164,8 +165,10 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
   __m512i byte = scales16<F>(amax16(x, nblk), mode, &k, &slow);
   const __mmask16 live = __mmask16((1u << nblk) - 1);
   _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
-  alignas(64) int32_t kk[16];
-  _mm512_store_si512(reinterpret_cast<__m512i*>(kk), k);
+  alignas(64) int32_t k7[16];
+  alignas(64) float sub[16];  // the Scale of block i: k7[i] and sub[i] in every lane
+  _mm512_store_si512(reinterpret_cast<__m512i*>(k7), _mm512_slli_epi32(k, 7));
+  _mm512_store_ps(sub, subnormal_mul<F>(k));
   constexpr int64_t bs = block_storage<F>(32);
   for (int i = 0; i < nblk; ++i) {
     if ((slow >> i) & 1) {
@@ -180,7 +183,9 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
       }
       continue;
     }
-    __m512i codes = encode32<F>(_mm512_loadu_si512(x + 32 * i), _mm512_set1_epi16(int16_t(kk[i])));
+    const Scale sc = {_mm512_set1_epi16(int16_t(k7[i])), _mm512_set1_ps(sub[i]),
+                      _mm512_set1_ps(sub[i])};
+    __m512i codes = encode32<F>(_mm512_loadu_si512(x + 32 * i), sc);
     store_block<F>(codes, data + bs * i);
   }
 }
@@ -213,10 +218,10 @@ inline Vec strip_amax(Vec amax, const uint16_t* x) {
   return _mm512_max_epu16(amax, _mm512_and_si512(_mm512_loadu_si512(x), _mm512_set1_epi16(0x7FFF)));
 }
 
-// Stores the strip's 32 scale bytes (`stream`: with streaming stores) and returns its k16
+// Stores the strip's 32 scale bytes (`stream`: with streaming stores) and sets its Scale
 // (see encode32); false where a block needs the scalar path.
 template <class F>
-inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool stream) {
+inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, bool stream) {
   __m512i klo, khi;
   __mmask16 slo, shi;
   __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(amax)), 16);
@@ -225,20 +230,20 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Vec* k16, bool
   __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
   simd256::store16(_mm512_cvtepi32_epi8(blo), scales, stream);
   simd256::store16(_mm512_cvtepi32_epi8(bhi), scales + 16, stream);
-  *k16 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
-                            _mm512_cvtepi32_epi16(khi), 1);
+  *scale = scale_of<F>(_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
+                                          _mm512_cvtepi32_epi16(khi), 1));
   return (slo | shi) == 0;
 }
 
 // The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its k16, stored in F's group_bytes storage
+// rows from `rows` on are zero padding), with its Scale, stored in F's group_bytes storage
 // rows `dld` apart at out (`stream`: with streaming stores, out 32-byte aligned).
 template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, Vec k16, uint8_t* out,
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
                          int64_t dld, bool stream) {
   __m512i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), k16) : _mm512_setzero_si512();
+    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), s) : _mm512_setzero_si512();
   }
   auto store = [stream](__m512i v, uint8_t* o) {  // low byte of each u16 lane
     __m256i* dst = reinterpret_cast<__m256i*>(o);
