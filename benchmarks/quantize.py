@@ -16,7 +16,9 @@ kernel's memory traffic (input + data + scales) per second as a share of that op
 GPUs; XLA's CPU elementwise ops are no bandwidth reference). On CPU the reference is the
 copy bandwidth on every core (benchmarks/roofline.py, measured in the same run): rowwise
 quantize and dequantize print their traffic as a fraction of it (issue 13 goals: >= 0.8
-for FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time).
+for FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time). The 2x / row line
+also prints the ratio of the bytes each moves: the time ratio of two kernels at the same
+bandwidth (1.34 for FP8: a second output of 1 + 1/32 bytes per element on 3.03).
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -143,8 +145,11 @@ def main(argv=None):
       k, j = t[f"kernel_{op}"], t[f"jnp_{op}"]
       print(f"{fmt:7} {op:6} {k * 1e3:10.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {n / j / 1e9:8.2f} "
             f"{j / k:7.2f}x")
+    bits = formats.element_format(fmt).bits
+    floor = quantize_bytes(n, shape[-1], bits, outputs=2) / quantize_bytes(n, shape[-1], bits)
     print(f"{fmt:7} (rowwise+columnwise time) / (rowwise time) = "
-          f"{t['kernel_2x'] / t['kernel_row']:.2f}  (jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
+          f"{t['kernel_2x'] / t['kernel_row']:.2f}  (bytes moved: {floor:.2f}; "
+          f"jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
     if device.platform == "cpu":  # XLA's CPU elementwise ops are no bandwidth reference
       cpu_roofline(fmt, shape, t["kernel_row"], args.reps)
       continue

@@ -3,6 +3,12 @@
 XLA's CPU elementwise ops run on one thread, so they are no bandwidth reference for the
 kernels, which use XLA's whole thread pool. `copy_bandwidth` copies a buffer with numpy
 (memcpy, GIL released) from one thread per core and counts bytes read + bytes written.
+
+Store kinds: glibc's memcpy writes copies this large (128 MiB per thread, past its
+non-temporal threshold, a fraction of the shared cache) with streaming stores, so each
+byte copied moves 2 bytes, no read-for-ownership of the destination. The kernels also
+write with streaming stores for inputs of 32 MiB and more (ffi/cpu/stream.h), so the
+comparison counts the same traffic on both sides.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5, threads: int | None =
   return 2 * nbytes / best
 
 
-def quantize_bytes(n: int, k: int, bits: int, block: int = 32, in_bytes: int = 2) -> int:
-  """Bytes a rowwise quantize of n elements (rows of k) moves: input, codes and scales."""
-  return n * in_bytes + n // k * (-(-k * bits // 8)) + n // block
+def quantize_bytes(n: int, k: int, bits: int, block: int = 32, in_bytes: int = 2,
+                   outputs: int = 1) -> int:
+  """Bytes a quantize of n elements (rows of k) moves: the input once, and codes and scales
+  for each of `outputs` quantizations (2: rowwise + columnwise, counted as rowwise)."""
+  return n * in_bytes + outputs * (n // k * (-(-k * bits // 8)) + n // block)
