@@ -153,12 +153,16 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
 
   def sharded_call(pspec, n_results):
     """The kernel call per shard of the operands resharded to `pspec`; the axes `pspec`
-    names turn manual, the operands are replicated over the others (by their types)."""
+    names turn manual. Over the mesh's other axes the operands are replicated (Explicit,
+    by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
+    the Shardy rule of `op` applies to them inside)."""
     operands = [jax.sharding.reshard(a, pspec) for a in args]
     names = {name for entry in pspec for name in _names(entry)}
     if not names:
       return op(*operands)
-    return jax.shard_map(call, mesh=mesh, in_specs=(pspec,) * len(args),
+    auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
+                    for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
+    return jax.shard_map(op if auto_left else call, mesh=mesh, in_specs=(pspec,) * len(args),
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
 
