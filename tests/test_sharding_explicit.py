@@ -182,6 +182,30 @@ def test_spec_over_mesh_decodes_any_mesh_sharding(spec):
   assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
 
 
+# (rhs [K, N] entries, lhs [M, K] entries, K) -> the rhs entries to move to first, or None.
+UNSHARED_CONTRACTIONS = [
+    ((("data", None), ("data", None), 256), ("model", None)),  # FSDP: K to the free axis
+    ((("data", None), ("data", None), 64), (None, None)),  # 'model' cuts blocks: gathered
+    ((("data", "model"), ("data", None), 256), (None, "model")),  # no free axis: gathered
+    ((("model", None), ("data", "model"), 256), None),  # TP-row: the contractions agree
+    ((("data", None), (None, None), 256), None),  # the lhs is replicated: no conflict
+    ((("data", None), ("data", "model"), 256), ("model", None)),  # to the lhs's K axis
+]
+
+
+@pytest.mark.parametrize("case,want", UNSHARED_CONTRACTIONS, ids=str)
+def test_unshared_contraction_moves_k_off_the_axis_the_other_operand_uses(case, want):
+  (rhs, lhs, k), mesh = case, make_mesh("explicit")
+  got = mxjax.sharding.unshared_contraction(rhs, lhs, 0, 1, k, 32, mesh)
+  assert got == (None if want is None else tuple(want))
+  if got is None:
+    return
+  # K now shares no axis with the lhs's M (each device holds the lhs's K slice it
+  # multiplies), and its shards hold whole blocks.
+  assert got[0] is None or got[0] != lhs[0]
+  assert k // mxjax.sharding.shard_count(mesh, got[0]) % 32 == 0
+
+
 @pytest.mark.parametrize("sizes,spec", [
     ((8, 16, 256), ("data", None, None)),  # batch sharded, several rows per shard
     ((2, 16, 256), ("data", "model", None)),  # one batch index per shard: both merge
