@@ -49,10 +49,7 @@ def scaled_dot_general_matmul():
   sdg = getattr(jax.nn, "scaled_dot_general", None)
   if sdg is None:
     return None
-  from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig  # noqa
-  cfg = BlockScaleConfig(mode="mxfp8", block_size=32, data_type=jnp.float8_e4m3fn,
-                         scale_type=jnp.float8_e8m0fnu, global_scale=None,
-                         infer_only=False)
+  cfg = jax.nn.get_scaled_dot_general_config("mxfp8")
   dims = (((1,), (0,)), ((), ()))
   return lambda x, w: sdg(x, w, dims, preferred_element_type=jnp.bfloat16, configs=[cfg] * 3)
 

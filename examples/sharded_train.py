@@ -36,9 +36,6 @@ def parse_args(argv=None):
   args = parser.parse_args(argv)
   if not re.fullmatch(r"\d+x\d+", args.mesh):
     parser.error(f"--mesh must look like 2x4, got {args.mesh!r}")
-  if (args.axis_types, args.mode, args.recipe) == ("explicit", "tp-col", "delayed"):
-    parser.error("tp-col on Explicit axes needs fc2's out_sharding, which the per-tensor "
-                 "FP8 GEMM does not take yet: use --axis-types auto")
   args.mesh_shape = tuple(int(v) for v in args.mesh.split("x"))
   return args
 

@@ -139,7 +139,7 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     precision: passed to `lax.dot_general` in high precision (the MX and FP8 products
       fix their own).
     out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
-      (needed where the contraction is sharded); MX and high precision only.
+      (needed where the contraction is sharded).
 
   Returns:
     (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
@@ -159,11 +159,9 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,
                        scale_mode=recipe.scale_mode, preferred_element_type=dtype,
                        out_sharding=out_sharding)
-  elif out_sharding is not None:
-    raise NotImplementedError(f"{where}: out_sharding is not supported for {recipe}")
   elif recipe.fp8():
     y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
-                                preferred_element_type=dtype)
+                                preferred_element_type=dtype, out_sharding=out_sharding)
     next_state = state_lib.update(recipe_state, amaxes, recipe)
   else:  # reachable: layer rules and module fields take any Recipe, a bare one included
     raise ValueError(f"{where}: no GEMM for recipe {recipe}")

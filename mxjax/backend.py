@@ -22,6 +22,8 @@ from mxjax import _ffi
 from mxjax._operand_dtype import cpu_operand_dtype
 
 KERNEL_MODES = ("auto", "ffi", "xla")
+#: MXJAX_SIMD caps the CPU kernels' instruction set (the widest the CPU has otherwise).
+SIMD_LEVELS = ("scalar", "avx2", "avx512")
 
 #: Set once `ffi/cuda/tests/gpu_check.py` has passed on a GPU and its output is committed
 #: under benchmarks/results/. Until then "auto" runs the XLA path on GPUs.
@@ -41,6 +43,17 @@ def _check_mode(mode, source: str) -> str:
     raise ValueError(f"{source} must be one of {KERNEL_MODES}; got {mode!r}")
   return mode
 
+
+def _check_simd_cap() -> None:
+  """The kernels read MXJAX_SIMD themselves and would run scalar code for a misspelled
+  level; a misspelling is an error here instead."""
+  cap = os.environ.get("MXJAX_SIMD", "")
+  if cap and cap not in SIMD_LEVELS:
+    raise ValueError(f"the MXJAX_SIMD environment variable must be one of {SIMD_LEVELS} (or "
+                     f"unset: the widest level the CPU has); got {cap!r}")
+
+
+_check_simd_cap()
 
 # A jit-cache-sensitive value: a function traced under one setting is traced again under
 # another, instead of running the path it was first traced with.

@@ -307,9 +307,33 @@ def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
       axis_from_end=axis)
 
 
+def _canonical_operands(config: _DotConfig, lhs, rhs):
+  """The array operands in canonical form (MXArrays as they are). Under Explicit axes an
+  operand whose contraction is split over an axis the other one splits another dim over
+  (FSDP) is moved first, once (`sharding.unshared_contraction`)."""
+  arrays = [not isinstance(x, (MXArray, tuple)) for x in (lhs, rhs)]
+  lhs_c = config.lhs.to_canonical(lhs) if arrays[0] else lhs
+  rhs_c = config.rhs.to_canonical(rhs) if arrays[1] else rhs
+  if not all(arrays):
+    return lhs_c, rhs_c
+  specs = [sharding.typed_spec(a) for a in (lhs_c, rhs_c)]
+  if None in specs:
+    return lhs_c, rhs_c
+  moved = []
+  for a, layout, spec, other, other_layout in ((lhs_c, config.lhs, *specs, config.rhs),
+                                               (rhs_c, config.rhs, *specs[::-1], config.lhs)):
+    axis = layout.contract_axis
+    entries = sharding.unshared_contraction(spec, other, axis, other_layout.contract_axis,
+                                            a.shape[axis], config.block_size,
+                                            jax.typeof(a).sharding.mesh)
+    moved.append(a if entries is None else jax.sharding.reshard(a, PartitionSpec(*entries)))
+  return tuple(moved)
+
+
 def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bool):
-  """(quantized along K, quantized along F or dequantizable stand-in) in canonical form;
-  without `for_backward` (inference) only the first is made and the second is None."""
+  """(quantized along K, quantized along F or dequantizable stand-in) in canonical form,
+  from x in canonical form (an array) or as given (MXArrays); without `for_backward`
+  (inference) only the first is made and the second is None."""
   if isinstance(x, tuple):
     return (_canonical_mx(x[0], layout, "contract", name),
             _canonical_mx(x[1], layout, "free", name))
@@ -317,9 +341,9 @@ def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bo
     along_k = _canonical_mx(x, layout, "contract", name)
     return along_k, along_k  # the backward uses its exact values, never re-quantized
   if not for_backward:
-    return quantize(layout.to_canonical(x), config.fwd_format, axis=layout.contract_axis,
+    return quantize(x, config.fwd_format, axis=layout.contract_axis,
                     block_size=config.block_size, scale_mode=config.scale_mode), None
-  return quantize_2x(layout.to_canonical(x), config.fwd_format,
+  return quantize_2x(x, config.fwd_format,
                      axes=(layout.contract_axis, layout.free_axis),
                      block_size=config.block_size, scale_mode=config.scale_mode)
 
@@ -360,6 +384,7 @@ def _mx_dot(config: _DotConfig, lhs, rhs):
 
 
 def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
+  lhs, rhs = _canonical_operands(config, lhs, rhs)
   lhs_k, lhs_m = _prepare(lhs, config.lhs, config, "lhs", for_backward)
   rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs", for_backward)
   groups = _out_groups(config)

@@ -49,11 +49,12 @@ class _Config:
   out_dtype: Any
   lhs_dtype: Any
   rhs_dtype: Any
+  out_sharding: Any = None
 
 
 def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
                 tensors: Mapping[str, state_lib.TensorScaling] | None = None, *,
-                preferred_element_type=None):
+                preferred_element_type=None, out_sharding=None):
   """Per-tensor FP8 `lax.dot_general` of `lhs` (the "input") and `rhs` (the "kernel").
 
   Args:
@@ -64,6 +65,8 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
     tensors: DelayedScaling only: role -> TensorScaling (`RecipeState.tensors`) whose
       scales are used. Its gradient is the next state (all roles advanced).
     preferred_element_type: output dtype; default the operands' result type.
+    out_sharding: the output's sharding under Explicit mesh axes, as in
+      `lax.dot_general`; the gradients are sharded as their operands.
 
   Returns:
     (out, amaxes): the product, and {"input": f32[], "kernel": f32[]} the operands'
@@ -76,7 +79,7 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
   tensors = dict(tensors) if recipe.delayed() else None
   config = _Config(dimension_numbers, recipe, out_dtype, jnp.dtype(lhs.dtype),
-                   jnp.dtype(rhs.dtype))
+                   jnp.dtype(rhs.dtype), out_sharding)
   return _fp8_dot(config, lhs, rhs, tensors)
 
 
@@ -88,9 +91,10 @@ def _scale(x, config: _Config, tensors, role: str):
   return state_lib.scale_from_amax(amax, config.recipe, role), amax
 
 
-def _dot_f32(a, b, dims):
-  return lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims,
-                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+def _dot_f32(a, b, config: _Config):
+  return lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), config.dimension_numbers,
+                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
+                         out_sharding=config.out_sharding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -104,7 +108,7 @@ def _forward(config: _Config, lhs, rhs, tensors):
   s_k, a_k = _scale(rhs, config, tensors, "kernel")
   q_in = quantize_per_tensor(lhs, s_in, recipe.fwd_format)
   q_k = quantize_per_tensor(rhs, s_k, recipe.fwd_format)
-  out = _dot_f32(q_in, q_k, config.dimension_numbers) / (s_in * s_k)
+  out = _dot_f32(q_in, q_k, config) / (s_in * s_k)
   amaxes = {"input": lax.stop_gradient(a_in), "kernel": lax.stop_gradient(a_k)}
   return (out.astype(config.out_dtype), amaxes), (q_in, q_k, s_in, s_k, amaxes)
 
@@ -120,7 +124,7 @@ def _fp8_dot_bwd(config: _Config, residuals, cotangents):
   s_g, a_g = _scale(g, config, tensors, "grad")
   q_g = quantize_per_tensor(g, s_g, config.recipe.bwd_format)
   # The VJP of a dot is a pair of dots: run them on the FP8 values (widened exactly).
-  _, vjp = jax.vjp(lambda a, b: _dot_f32(a, b, config.dimension_numbers),
+  _, vjp = jax.vjp(lambda a, b: _dot_f32(a, b, config),
                    q_in.astype(jnp.float32), q_k.astype(jnp.float32))
   d_in, d_k = vjp(q_g.astype(jnp.float32))
   d_in = (d_in / (s_g * s_k)).astype(config.lhs_dtype)

@@ -175,6 +175,11 @@ def _blocks(a, block_size: int, fill=0):
   return jnp.pad(a, pad, constant_values=fill).reshape(*a.shape[:-1], nb, block_size)
 
 
+def _merge_last_two(a):
+  """[..., nb, k] -> [..., nb * k] (also when some dim is 0)."""
+  return a.reshape(*a.shape[:-2], a.shape[-2] * a.shape[-1])
+
+
 @functools.partial(jax.jit, static_argnames=("fmt", "axis", "block_size", "mode"))
 def _encode(x, fmt, axis, block_size, mode):
   fmt = formats.element_format(fmt)
@@ -186,7 +191,7 @@ def _encode(x, fmt, axis, block_size, mode):
   e = shared_exponent(jnp.where(special, _U32(0), amax), fmt, mode)
   codes = encode_elements(blk, e[..., None], fmt)
   codes = jnp.where(special[..., None], jnp.uint8(0), codes)
-  codes = codes.reshape(*blk.shape[:-2], -1)[..., :n]
+  codes = _merge_last_two(codes)[..., :n]
   scales = jnp.where(special, jnp.uint8(formats.E8M0_NAN),
                      (e + formats.E8M0_BIAS).astype(jnp.uint8))
   return jnp.moveaxis(codes, -1, axis), jnp.moveaxis(scales, -1, axis)
@@ -229,7 +234,7 @@ def _pack(codes, fmt, axis):
   word = jnp.sum(jnp.left_shift(groups, shifts), axis=-1, dtype=_U32)  # disjoint bits
   nbytes = fmt.bytes_per_group
   out = jnp.right_shift(word[..., None], jnp.arange(nbytes, dtype=_U32) * 8) & 0xFF
-  out = out.astype(jnp.uint8).reshape(*word.shape[:-1], -1)
+  out = _merge_last_two(out.astype(jnp.uint8))
   return jnp.moveaxis(out, -1, axis)
 
 
@@ -245,12 +250,12 @@ def _unpack(data, fmt, axis, n):
   if not fmt.packed:
     return lax.bitcast_convert_type(data, jnp.uint8)
   d = jnp.moveaxis(data, axis, -1).astype(_U32)
-  d = d.reshape(*d.shape[:-1], -1, fmt.bytes_per_group)
+  d = d.reshape(*d.shape[:-1], d.shape[-1] // fmt.bytes_per_group, fmt.bytes_per_group)
   word = jnp.sum(jnp.left_shift(d, jnp.arange(fmt.bytes_per_group, dtype=_U32) * 8), axis=-1,
                  dtype=_U32)
   shifts = jnp.arange(fmt.codes_per_group, dtype=_U32) * fmt.bits
   codes = jnp.right_shift(word[..., None], shifts) & ((1 << fmt.bits) - 1)
-  codes = codes.astype(jnp.uint8).reshape(*word.shape[:-1], -1)
+  codes = _merge_last_two(codes.astype(jnp.uint8))
   if n is not None:
     codes = codes[..., :n]
   return jnp.moveaxis(codes, -1, axis)
@@ -284,7 +289,7 @@ def _decode(data, scales, fmt, axis, block_size, n, dtype):
   e = sbytes.astype(_I32)[..., None] - formats.E8M0_BIAS
   out = decode_elements(blk, e, fmt)
   out = jnp.where(sbytes[..., None] == formats.E8M0_NAN, _U32(_F32_QNAN), out)
-  out = out.reshape(*blk.shape[:-2], -1)[..., :n]
+  out = _merge_last_two(out)[..., :n]
   return jnp.moveaxis(from_f32_bits(out, dtype), -1, axis)
 
 

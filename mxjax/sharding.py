@@ -136,6 +136,44 @@ def split_dim(entry, sizes: Sequence[int], mesh) -> list | None:
   return None if names else out
 
 
+def unshared_contraction(spec: Sequence, other: Sequence, contract: int, other_contract: int,
+                         length: int, block_size: int, mesh) -> tuple | None:
+  """The entries an operand of a product should have first when its contracted dim is
+  split over a mesh axis that the other operand uses for one of its own other dims (as
+  FSDP shards a weight's contraction over the axis that splits the batch); None when it
+  is not.
+
+  `jnp.dot` leaves that conflict to the partitioner, which moves the weight slice each
+  product reads. A quantized product reads two quantizations of the weight (along K in
+  the forward, along its free dim in the dgrad), which it would move twice; moved first,
+  in high precision, the weight moves once and both are made where it lands. The
+  contraction goes to the other operand's contraction axes, or else to the mesh axes
+  neither operand uses (each device slices its replicated copy of the other operand), or
+  is gathered where those would cut blocks.
+
+  Args:
+    spec, other: the two operands' PartitionSpec entries, one per dim.
+    contract, other_contract: their contracted dims.
+    length: the contracted dim's length; block_size: B.
+  """
+  names = lambda entries, skip: {n for i, e in enumerate(entries) if i != skip  # noqa: E731
+                                 for n in _names(e)}
+  contract, other_contract = contract % len(spec), other_contract % len(other)
+  if not set(_names(spec[contract])) & names(other, other_contract):
+    return None
+  own = names(spec, contract)
+  target = other[other_contract]
+  if target is None:
+    used = own | names(other, None)
+    target = _entry([n for n, t in zip(mesh.axis_names, mesh.axis_types)
+                     if n not in used and mesh.shape[n] > 1
+                     and t == jax.sharding.AxisType.Explicit])
+  if set(_names(target)) & own or not _whole_blocks(length, block_size,
+                                                     shard_count(mesh, target)):
+    target = None
+  return (*spec[:contract], target, *spec[contract + 1:])
+
+
 def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
   """`op(*args)` run per shard under `jax.shard_map`. Each (data, scales) pair comes from
   a call whose operand keeps its sharding, except along that pair's blocked axis when
@@ -153,12 +191,16 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
 
   def sharded_call(pspec, n_results):
     """The kernel call per shard of the operands resharded to `pspec`; the axes `pspec`
-    names turn manual, the operands are replicated over the others (by their types)."""
+    names turn manual. Over the mesh's other axes the operands are replicated (Explicit,
+    by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
+    the Shardy rule of `op` applies to them inside)."""
     operands = [jax.sharding.reshard(a, pspec) for a in args]
     names = {name for entry in pspec for name in _names(entry)}
     if not names:
       return op(*operands)
-    return jax.shard_map(call, mesh=mesh, in_specs=(pspec,) * len(args),
+    auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
+                    for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
+    return jax.shard_map(op if auto_left else call, mesh=mesh, in_specs=(pspec,) * len(args),
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
 

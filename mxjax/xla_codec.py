@@ -111,7 +111,7 @@ def _split_axis(a, axis: int, inner: int):
 
 def _merge_axis(a, axis: int):
   """Inverse of `_split_axis`."""
-  return a.reshape(*a.shape[:axis], -1, *a.shape[axis + 2:])
+  return a.reshape(*a.shape[:axis], a.shape[axis] * a.shape[axis + 1], *a.shape[axis + 2:])
 
 
 # ---------------------------------------------------------------------------------------

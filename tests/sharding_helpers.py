@@ -17,6 +17,7 @@ def collectives(hlo_text: str) -> list[tuple[str, tuple[int, ...]]]:
   """[(op kind, shape)] of every array a collective produces; size-1 dims dropped (the
   MX product runs on [1, M, K] views)."""
   out = []
+  hlo_text = re.sub(r"/\*.*?\*/", "", hlo_text)  # tuples past 5 entries carry /*index=5*/
   for m in _COLLECTIVE.finditer(hlo_text):
     for dims in _ARRAY.findall(m.group(1)):
       shape = tuple(int(d) for d in dims.split(",") if d and int(d) != 1)

@@ -18,7 +18,7 @@ from conftest import child_env
 from mxjax import backend
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-SIMD_LEVELS = ("scalar", "avx2", "avx512")
+SIMD_LEVELS = backend.SIMD_LEVELS
 MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
 
 
@@ -120,6 +120,13 @@ def test_bad_kernel_setting_is_an_error(restore_kernels):
   proc = subprocess.run([sys.executable, "-c", "import mxjax"], cwd=TESTS, capture_output=True,
                         text=True, timeout=120, env=child_env(MXJAX_KERNELS="fast"))
   assert proc.returncode != 0 and "MXJAX_KERNELS" in proc.stderr and "'fast'" in proc.stderr
+
+
+def test_misspelled_simd_cap_is_an_error():
+  # The kernels alone would take an unknown MXJAX_SIMD value for "scalar".
+  proc = subprocess.run([sys.executable, "-c", "import mxjax"], cwd=TESTS, capture_output=True,
+                        text=True, timeout=120, env=child_env(MXJAX_SIMD="avx-512"))
+  assert proc.returncode != 0 and "MXJAX_SIMD" in proc.stderr and "'avx-512'" in proc.stderr
 
 
 def test_ffi_setting_without_kernels_names_the_platform(restore_kernels, monkeypatch):

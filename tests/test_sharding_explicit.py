@@ -19,11 +19,14 @@ KINDS = ("explicit", "auto")
 
 
 def make_mesh(kind, shape=(2, 4)):
-  if kind == "explicit":  # jax.make_mesh's default axis type
+  """kind: "explicit" (jax.make_mesh's default axis type), "auto", or "mixed" ('data'
+  Explicit, 'model' Auto)."""
+  if kind == "explicit":
     mesh = jax.make_mesh(shape, ("data", "model"))
     assert set(mesh.axis_types) == {AxisType.Explicit}
     return mesh
-  return jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  types = {"auto": (AxisType.Auto,) * 2, "mixed": (AxisType.Explicit, AxisType.Auto)}[kind]
+  return jax.make_mesh(shape, ("data", "model"), axis_types=types)
 
 
 def put(x, mesh, spec):
@@ -111,7 +114,7 @@ def hp_dot(x, w, out_sharding=None):
   return jnp.dot(x, w, out_sharding=out_sharding, preferred_element_type=jnp.float32)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", (*KINDS, "mixed"))
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("rows_per_device", [1, 32, 96])
 def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
@@ -120,7 +123,7 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
   xspec, wspec, out_spec = MODES[mode]
   x = jax.random.normal(jax.random.key(2), (2 * rows_per_device, 256), jnp.bfloat16)
   w = jax.random.normal(jax.random.key(3), (256, 128), jnp.bfloat16)
-  out_spec = out_spec if kind == "explicit" else None  # Auto: the partitioner decides
+  out_spec = out_spec if kind != "auto" else None  # Auto: the partitioner decides
   loss = loss_fn(mxjax.matmul, out_spec)
   want_y = mxjax.matmul(x, w)
   want_loss, want_grads = jax.value_and_grad(loss_fn(mxjax.matmul, None), (0, 1))(x, w)
@@ -135,15 +138,16 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
   np.testing.assert_array_equal(bits(y), bits(want_y))  # each output element: one device
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
   for g, want, primal, hp_g in zip(grads, want_grads, (xs, ws), hp_grads):
-    # Explicit: a cotangent has its primal's type; Auto: the layout the partitioner
-    # gives the high-precision gradient.
-    assert spec_of(g) == spec_of(primal if kind == "explicit" else hp_g), (g.sharding,
-                                                                           hp_g.sharding)
+    # Explicit: a cotangent has its primal's type; Auto (and the Auto axis of a mixed
+    # mesh): the layout the partitioner gives the high-precision gradient.
+    assert spec_of(g) == spec_of(hp_g), (g.sharding, hp_g.sharding)
+    if kind != "auto":
+      assert spec_of(jax.typeof(g)) == spec_of(jax.typeof(primal)), (jax.typeof(g), primal)
     if mode == "dp" and primal is xs:  # each row's gradient is one device's
       np.testing.assert_array_equal(bits(g), bits(want))
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(want, np.float32),
                                rtol=2e-2, atol=1e-2 * float(jnp.max(jnp.abs(want))))
-  if kind == "explicit":
+  if kind != "auto":
     assert spec_of(y) == spec_of(hp_y), (y.sharding, hp_y.sharding)
   kinds = Counter(k for k, _ in ops)
   hp_kinds = Counter(k for k, _ in hp_ops)
@@ -176,6 +180,30 @@ def test_spec_over_mesh_decodes_any_mesh_sharding(spec):
   compiled = jax.jit(lambda x: x * 2).lower(x).compile()
   decoded = mxjax.sharding.spec_over_mesh(compiled.input_shardings[0][0], mesh, 3)
   assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
+
+
+# (rhs [K, N] entries, lhs [M, K] entries, K) -> the rhs entries to move to first, or None.
+UNSHARED_CONTRACTIONS = [
+    ((("data", None), ("data", None), 256), ("model", None)),  # FSDP: K to the free axis
+    ((("data", None), ("data", None), 64), (None, None)),  # 'model' cuts blocks: gathered
+    ((("data", "model"), ("data", None), 256), (None, "model")),  # no free axis: gathered
+    ((("model", None), ("data", "model"), 256), None),  # TP-row: the contractions agree
+    ((("data", None), (None, None), 256), None),  # the lhs is replicated: no conflict
+    ((("data", None), ("data", "model"), 256), ("model", None)),  # to the lhs's K axis
+]
+
+
+@pytest.mark.parametrize("case,want", UNSHARED_CONTRACTIONS, ids=str)
+def test_unshared_contraction_moves_k_off_the_axis_the_other_operand_uses(case, want):
+  (rhs, lhs, k), mesh = case, make_mesh("explicit")
+  got = mxjax.sharding.unshared_contraction(rhs, lhs, 0, 1, k, 32, mesh)
+  assert got == (None if want is None else tuple(want))
+  if got is None:
+    return
+  # K now shares no axis with the lhs's M (each device holds the lhs's K slice it
+  # multiplies), and its shards hold whole blocks.
+  assert got[0] is None or got[0] != lhs[0]
+  assert k // mxjax.sharding.shard_count(mesh, got[0]) % 32 == 0
 
 
 @pytest.mark.parametrize("sizes,spec", [

@@ -129,3 +129,17 @@ def test_xla_path_shards_without_collectives(xla_kernels, fmt):
                        .as_text())
   np.testing.assert_array_equal(bits_of(y), bits_of(reference.dequantize(
       *reference.quantize(x, fmt), fmt, shape=x.shape, dtype=jnp.bfloat16)))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("shape,axis", [((0, 64), 1), ((0, 64), 0), ((4, 0), 0), ((4, 0), 1),
+                                        ((3, 0, 40), 2)])
+def test_zero_length_dims_on_every_path(fmt, shape, axis):
+  """An empty array quantizes to the oracle's empty data and scales on the XLA path and
+  through the public op (the FFI kernels on CPU), and dequantizes back to its shape."""
+  x = jnp.zeros(shape, jnp.bfloat16)
+  assert_equals_oracle(x, fmt, axis, 32, "rceil", dtypes=(jnp.bfloat16,))
+  want_data, want_scales = reference.quantize(x, fmt, axis=axis)
+  q = mxjax.quantize(x, fmt, axis=axis)
+  assert (q.data.shape, q.scales.shape) == (want_data.shape, want_scales.shape)
+  assert q.dequantize(jnp.float32).shape == shape
