@@ -131,12 +131,10 @@ inline void store_block(__m256i codes, uint8_t* out) {
     t = _mm256_permute4x64_epi64(_mm256_packus_epi16(t, t), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(t));
   } else {
-    // u32 lane = c0 | c1 << 8 | c2 << 16 | c3 << 24 -> 24 bits c0 | c1 << 6 | c2 << 12 | c3 << 18
-    const __m256i m = set32(0x3F);
-    __m256i w = _mm256_and_si256(codes, m);
-    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 2), _mm256_slli_epi32(m, 6)));
-    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 4), _mm256_slli_epi32(m, 12)));
-    w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(codes, 6), _mm256_slli_epi32(m, 18)));
+    // u32 lane = c0 | c1 << 8 | c2 << 16 | c3 << 24 -> 24 bits c0 | c1 << 6 | c2 << 12 | c3 << 18,
+    // as c + 64 c' in u16 lanes, then p + 4096 p' in u32 lanes (multiply-adds)
+    __m256i w = _mm256_maddubs_epi16(codes, set16(1 | 64 << 8));
+    w = _mm256_madd_epi16(w, set32(1 | 4096 << 16));
     const __m256i pick = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
                                           0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
     w = _mm256_shuffle_epi8(w, pick);  // 12 bytes per 128-bit lane
