@@ -285,16 +285,17 @@ def test_dequantize_columnwise_every_code_and_scale(fmt):
     assert_same_floats(dequantize(a, dtype), want)
 
 
-@pytest.mark.parametrize("shape", [(4096, 4096), (2048, 8200)])
+@pytest.mark.parametrize("shape", [(4096, 4096), (2048, 8200), (2, 2048, 4096)])
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_inputs_past_the_streaming_store_size(shape, fmt):
   """Inputs of 32 MiB and more (ffi/cpu/kernels.h, kStreamMinBytes) have their outputs written
   with streaming stores: whole aligned lines from a staging buffer or straight from the
   column strips, the ragged line ends (8200 columns) with ordinary stores."""
-  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1]))
+  x = jnp.asarray(wide_mixed_blocks(math.prod(shape[:-1]), shape[-1], seed=shape[-1]))
+  x = x.reshape(shape)
   assert x.nbytes >= 32 << 20
   rows, cols = quantize_2x(x, fmt)
-  for axis, got in [(-1, quantize(x, fmt, axis=-1)), (0, quantize(x, fmt, axis=0)), (-1, rows),
-                    (0, cols)]:
+  for axis, got in [(-1, quantize(x, fmt, axis=-1)), (-2, quantize(x, fmt, axis=-2)),
+                    (-1, rows), (-2, cols)]:
     data, scales = reference.quantize(x, fmt, axis=axis)
     assert_same_quantized(got, data, scales)
