@@ -1,9 +1,9 @@
 """Block-scaled `dot_general` with a custom VJP: MX forward, MX gradients.
 
-Every product is canonicalized to `lhs [*B, M, K] x rhs [*B, K, N] -> [*B, M, N]` (batch
-dims kept as they are, free and contracting dims each flattened, in `lax.dot_general`'s
-output order; for the usual `x[..., K] . w[K, N]` that is only a reshape), so blocks
-always run along the flattened axis each product contracts:
+Every product is canonicalized to `lhs [*B, M, K] x rhs [*B, K, N] -> [*B, M, N]`
+(`mxjax.contraction`: batch dims kept as they are, free and contracting dims each
+flattened, in `lax.dot_general`'s output order; for the usual `x[..., K] . w[K, N]` that
+is only a reshape), so blocks always run along the flattened axis each product contracts:
 
   forward   out   = q(lhs, K) . q(rhs, K)             fwd_format
   dgrad     dlhs  = q(g, N)   . q(rhs, N)             g in bwd_format, rhs in fwd_format
@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import formats, sharding
+from mxjax import contraction, formats, sharding
 from mxjax._operand_dtype import cpu_operand_dtype
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize, quantize_2x
@@ -48,120 +46,9 @@ DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int
 
 
 @dataclasses.dataclass(frozen=True)
-class _Layout:
-  """How one operand maps to its canonical form: `[*B, M, K]` for lhs, `[*B, K, N]` for rhs.
-
-  Batch dims stay separate (merging two sharded ones would move data); the free and the
-  contracting dims are each merged into one."""
-
-  shape: tuple[int, ...]
-  batch: tuple[int, ...]
-  free: tuple[int, ...]
-  contract: tuple[int, ...]
-  contract_first: bool  # rhs: [*B, K, N]
-
-  @property
-  def groups(self) -> tuple[tuple[int, ...], ...]:
-    """The operand's dims per canonical dim: each batch dim alone, then M / K or K / N."""
-    middle = (self.contract, self.free) if self.contract_first else (self.free, self.contract)
-    return (*((d,) for d in self.batch), *middle)
-
-  @property
-  def perm(self) -> tuple[int, ...]:
-    return sum(self.groups, ())
-
-  @property
-  def contract_axis(self) -> int:
-    """Where K sits in the canonical form, from the end (-2 or -1); the free axis is the
-    other one."""
-    return -2 if self.contract_first else -1
-
-  @property
-  def free_axis(self) -> int:
-    return -3 - self.contract_axis
-
-  def sizes(self, dims) -> tuple[int, ...]:
-    return tuple(self.shape[d] for d in dims)
-
-  @property
-  def canonical_shape(self) -> tuple[int, ...]:
-    return tuple(math.prod(self.sizes(g)) for g in self.groups)
-
-  def to_canonical(self, x: jax.Array) -> jax.Array:
-    return _merge_groups(jnp.transpose(x, self.perm), [len(g) for g in self.groups])
-
-  def from_canonical(self, x: jax.Array) -> jax.Array:
-    x = _split_groups(x, [self.sizes(g) for g in self.groups])
-    return jnp.transpose(x, np.argsort(self.perm))
-
-  def canonical_sharding(self, primal_sharding):
-    """The sharding of the canonical form of an operand sharded as `primal_sharding`
-    (a NamedSharding over Explicit axes, or None)."""
-    if primal_sharding is None:
-      return None
-    spec = _padded_spec(primal_sharding, len(self.shape))
-    transposed = NamedSharding(primal_sharding.mesh, PartitionSpec(*(spec[d] for d in self.perm)))
-    return _merged_sharding(transposed, self.sizes(self.perm), [len(g) for g in self.groups])
-
-
-def _padded_spec(named: NamedSharding, ndim: int) -> tuple:
-  spec = tuple(named.spec)
-  return spec + (None,) * (ndim - len(spec))
-
-
-def _merged_sharding(named: NamedSharding | None, shape, lengths: Sequence[int]):
-  """The sharding of an array sharded as `named` once runs of `lengths` dims are merged."""
-  if named is None:
-    return None
-  spec, starts = _padded_spec(named, len(shape)), np.cumsum([0, *lengths]).tolist()
-  merged = [sharding.merge_dims(spec[a:b], shape[a:b], named.mesh)[1]
-            for a, b in zip(starts, starts[1:])]
-  return NamedSharding(named.mesh, PartitionSpec(*merged))
-
-
-def _merge_groups(x: jax.Array, lengths: Sequence[int]) -> jax.Array:
-  """x with each run of `lengths` consecutive dims merged into one. Under Explicit axes
-  the merged dims keep their shards (see `sharding.merge_dims`; a dim that cannot is
-  gathered first)."""
-  starts = np.cumsum([0, *lengths]).tolist()
-  shape = tuple(math.prod(x.shape[a:b]) for a, b in zip(starts, starts[1:]))
-  spec = sharding.typed_spec(x)
-  if spec is None:
-    return x.reshape(shape)
-  mesh = jax.typeof(x).sharding.mesh
-  kept, merged = [], []
-  for a, b in zip(starts, starts[1:]):
-    entries, entry = sharding.merge_dims(spec[a:b], x.shape[a:b], mesh)
-    kept += entries
-    merged.append(entry)
-  if tuple(kept) != spec:
-    x = jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*kept)))
-  return jnp.reshape(x, shape, out_sharding=NamedSharding(mesh, PartitionSpec(*merged)))
-
-
-def _split_groups(x: jax.Array, sizes: Sequence[Sequence[int]]) -> jax.Array:
-  """x with dim i split into dims of `sizes[i]`, keeping the shards under Explicit axes
-  (a dim whose shards do not fall on whole slices is gathered first)."""
-  shape = tuple(d for group in sizes for d in group)
-  spec = sharding.typed_spec(x)
-  if spec is None:
-    return x.reshape(shape)
-  mesh = jax.typeof(x).sharding.mesh
-  kept, split = list(spec), []
-  for i, (entry, group) in enumerate(zip(spec, sizes)):
-    entries = sharding.split_dim(entry, group, mesh)
-    if entries is None:
-      kept[i], entries = None, [None] * len(group)
-    split += entries
-  if tuple(kept) != spec:
-    x = jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*kept)))
-  return jnp.reshape(x, shape, out_sharding=NamedSharding(mesh, PartitionSpec(*split)))
-
-
-@dataclasses.dataclass(frozen=True)
 class _DotConfig:
-  lhs: _Layout
-  rhs: _Layout
+  lhs: contraction.Layout
+  rhs: contraction.Layout
   fwd_format: str
   bwd_format: str
   block_size: int
@@ -202,8 +89,8 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   """
   (lc, rc), (lb, rb) = dimension_numbers
   lhs_info, rhs_info = _operand_info(lhs, "lhs"), _operand_info(rhs, "rhs")
-  lhs_layout = _layout(lhs_info[0], lc, lb, "lhs", contract_first=False)
-  rhs_layout = _layout(rhs_info[0], rc, rb, "rhs", contract_first=True)
+  lhs_layout = contraction.layout(lhs_info[0], lc, lb, "lhs", contract_first=False)
+  rhs_layout = contraction.layout(rhs_info[0], rc, rb, "rhs", contract_first=True)
   for name, dims_l, dims_r in (("contracting", lc, rc), ("batch", lb, rb)):
     sizes_l, sizes_r = lhs_layout.sizes(tuple(dims_l)), rhs_layout.sizes(tuple(dims_r))
     if sizes_l != sizes_r:
@@ -277,20 +164,7 @@ def _operand_info(x, name: str):
   return x.shape, jnp.dtype(x.dtype)
 
 
-def _layout(shape, contract, batch, name, contract_first: bool) -> _Layout:
-  ndim = len(shape)
-  dims = [int(d) % ndim if -ndim <= d < ndim else None for d in (*contract, *batch)]
-  if None in dims or len(set(dims)) != len(dims):
-    raise ValueError(f"mxjax.dot_general: bad dimension numbers for {name} of shape {shape}: "
-                     f"contracting {tuple(contract)}, batch {tuple(batch)}")
-  contract, batch = tuple(dims[:len(contract)]), tuple(dims[len(contract):])
-  if not contract:
-    raise ValueError("mxjax.dot_general needs at least one contracting dimension to block")
-  free = tuple(d for d in range(ndim) if d not in contract and d not in batch)
-  return _Layout(tuple(shape), batch, free, contract, contract_first)
-
-
-def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
+def _canonical_mx(a: MXArray, layout: contraction.Layout, role: str, name: str) -> MXArray:
   """An MXArray operand in canonical form, quantized along K (role "contract") or along
   the free axis (role "free")."""
   along = {"contract": layout.contract, "free": layout.free}[role]
@@ -302,8 +176,8 @@ def _canonical_mx(a: MXArray, layout: _Layout, role: str, name: str) -> MXArray:
   axis = layout.contract_axis if role == "contract" else layout.free_axis
   lengths = [len(g) for g in layout.groups]
   return dataclasses.replace(
-      a, data=_merge_groups(jnp.transpose(a.data, layout.perm), lengths),
-      scales=_merge_groups(jnp.transpose(a.scales, layout.perm), lengths),
+      a, data=contraction.merge_groups(jnp.transpose(a.data, layout.perm), lengths),
+      scales=contraction.merge_groups(jnp.transpose(a.scales, layout.perm), lengths),
       axis_from_end=axis)
 
 
@@ -330,7 +204,8 @@ def _canonical_operands(config: _DotConfig, lhs, rhs):
   return tuple(moved)
 
 
-def _prepare(x, layout: _Layout, config: _DotConfig, name: str, for_backward: bool):
+def _prepare(x, layout: contraction.Layout, config: _DotConfig, name: str,
+             for_backward: bool):
   """(quantized along K, quantized along F or dequantizable stand-in) in canonical form,
   from x in canonical form (an array) or as given (MXArrays); without `for_backward`
   (inference) only the first is made and the second is None."""
@@ -389,9 +264,10 @@ def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
   rhs_k, rhs_n = _prepare(rhs, config.rhs, config, "rhs", for_backward)
   groups = _out_groups(config)
   out_shape = sum(groups, ())
-  out_sharding = _merged_sharding(config.out_sharding, out_shape, [len(g) for g in groups])
+  out_sharding = contraction.merged_sharding(config.out_sharding, out_shape,
+                                             [len(g) for g in groups])
   out = _product(lhs_k, rhs_k, (1, 0), out_sharding)  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
-  out = _split_groups(out.astype(config.out_dtype), groups)
+  out = contraction.split_groups(out.astype(config.out_dtype), groups)
   return _reshard(out, config.out_sharding), (lhs_m, rhs_n)
 
 
@@ -402,7 +278,7 @@ def _mx_dot_fwd(config, lhs, rhs):
 
 def _mx_dot_bwd(config: _DotConfig, residuals, g):
   (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
-  g = _merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
+  g = contraction.merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
   g_n, g_m = quantize_2x(g, config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).

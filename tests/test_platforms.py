@@ -25,11 +25,27 @@ MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
 def _run(args, timeout: int, **env) -> subprocess.CompletedProcess:
   """Runs `python args...` (in tests/, importing this process's mxjax) with extra
   environment variables."""
-  proc = subprocess.run([sys.executable, *args], cwd=TESTS, capture_output=True, text=True,
-                        timeout=timeout, env=child_env(**env))
-  assert proc.returncode == 0, f"{args} with {env} failed:\n{proc.stdout[-3000:]}\n" \
-                               f"{proc.stderr[-3000:]}"
-  return proc
+  return _run_together([(args, env)], timeout)[0]
+
+
+def _run_together(runs, timeout: int) -> list[subprocess.CompletedProcess]:
+  """Runs each `(args, env)` of `runs` as in `_run`, all at once (each child is mostly one
+  thread: compiling and the oracle), and checks that every one succeeded."""
+  children = [(subprocess.Popen([sys.executable, *args], cwd=TESTS, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=child_env(**env)),
+               args, env) for args, env in runs]
+  done = []
+  try:
+    for child, args, env in children:
+      stdout, stderr = child.communicate(timeout=timeout)
+      assert child.returncode == 0, f"{args} with {env} failed:\n{stdout[-3000:]}\n" \
+                                    f"{stderr[-3000:]}"
+      done.append(subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr))
+  finally:
+    for child, _, _ in children:
+      child.kill()
+      child.wait()
+  return done
 
 
 needs_cpu_kernels = pytest.mark.skipif("cpu" not in backend.built_platforms(),
@@ -38,11 +54,9 @@ needs_cpu_kernels = pytest.mark.skipif("cpu" not in backend.built_platforms(),
 
 @needs_cpu_kernels
 def test_xla_path_equals_ffi_kernels_in_separate_processes(tmp_path):
-  files = {}
-  for kernels in ("xla", "auto"):
-    files[kernels] = tmp_path / f"{kernels}.npz"
-    _run([os.path.join(TESTS, "op_surface.py"), str(files[kernels])], 900,
-         MXJAX_KERNELS=kernels)
+  files = {kernels: tmp_path / f"{kernels}.npz" for kernels in ("xla", "auto")}
+  _run_together([([os.path.join(TESTS, "op_surface.py"), str(path)], {"MXJAX_KERNELS": kernels})
+                 for kernels, path in files.items()], 900)
   xla, ffi = np.load(files["xla"]), np.load(files["auto"])
   assert int(xla["custom_calls"]) == 0  # the XLA path compiles to no mxjax custom call
   assert int(ffi["custom_calls"]) > 0  # and the other process really ran the kernels
@@ -59,20 +73,21 @@ def _level_in_effect(level: str) -> str:
 
 
 @needs_cpu_kernels
-@pytest.mark.parametrize("level", SIMD_LEVELS)
-def test_exactness_suite_at_every_simd_level(level):
-  """tests/test_quantize_exact.py in a process whose kernels run at `level`. The level
-  this process uses is covered by that file itself; levels the CPU lacks are skipped,
-  so the report says which levels ran here."""
+def test_exactness_suite_at_every_simd_level():
+  """tests/test_quantize_exact.py in one process per level this CPU runs besides its
+  default (which that file covers in this process), all at once. The skip reason or the
+  assertion message says which levels ran here."""
   default = mxjax.backend_info()["build"]["simd"]
-  if level == default:
-    pytest.skip(f"{level} is this CPU's default level: tests/test_quantize_exact.py runs it")
-  in_effect = _level_in_effect(level)
-  if in_effect != level:
-    pytest.skip(f"this CPU or build cannot run {level} (MXJAX_SIMD={level} runs {in_effect})")
-  proc = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider",
-               os.path.join(TESTS, "test_quantize_exact.py")], 1800, MXJAX_SIMD=level)
-  assert " passed" in proc.stdout and "failed" not in proc.stdout
+  in_effect = {level: _level_in_effect(level) for level in SIMD_LEVELS if level != default}
+  levels = [level for level, ran in in_effect.items() if ran == level]
+  if not levels:
+    pytest.skip(f"this CPU or build runs only its default level {default} "
+                f"(MXJAX_SIMD=level runs: {in_effect})")
+  suite = ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+           os.path.join(TESTS, "test_quantize_exact.py")]
+  procs = _run_together([(suite, {"MXJAX_SIMD": level}) for level in levels], 1800)
+  for level, proc in zip(levels, procs):
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, (level, proc.stdout)
 
 
 # ---------------------------------------------------------------------------------------
