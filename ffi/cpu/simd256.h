@@ -33,10 +33,11 @@ inline __m256i byte_table(const uint8_t (&t)[16]) {
 }
 
 // What encode16 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
-// k << 7 in u16 lanes, and 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order
-// of _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15).
+// `normal` = the bf16 bits of 2^(emin + e), the smallest |x| that is an element normal (u16
+// lanes), and `sub_lo` / `sub_hi` = 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in
+// the order of _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15).
 struct Scale {
-  __m256i k7;
+  __m256i normal;
   __m256 sub_lo, sub_hi;
 };
 
@@ -47,41 +48,80 @@ inline __m256 subnormal_mul(__m256i k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
 }
 
+// bf16 bits of 2^(emin + e) = 2^(-126 - k) for k in 16-bit lanes (or the low half of 32-bit
+// ones): exponent field 1 - k. Zero blocks (kZeroBlockK) get 0x8080, above every finite |x|.
+inline __m256i normal_bits(__m256i k) { return _mm256_slli_epi16(_mm256_sub_epi16(set16(1), k), 7); }
+
 template <class F>
 inline Scale scale_of(__m256i k16) {
-  return {_mm256_slli_epi16(k16, 7),
+  return {normal_bits(k16),
           subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpacklo_epi16(k16, k16), 16)),
           subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpackhi_epi16(k16, k16), 16))};
 }
 
-
-// 16 bf16 (bits) -> 16 magnitude|sign codes in u16 lanes (simd512.h's encoding, normal range:
-// code = RNE(m >> (7 - man)) with m = |x| + (k << 7)). The element subnormals are
-// RNE(v * 2^(man - emin)) = RNE(|x| * 2^(k + man + 126)), exact in f32, rounded to an integer
-// by the float -> int conversion (round to nearest even).
-template <class F>
-inline __m256i encode16(__m256i x, const Scale& s) {
+// 16 |x| (bf16 bits ax) -> 16 magnitude codes in u16 lanes, for the scales s. With v = |x| *
+// 2^-e and j = max(0, exponent(v) - emin), code = (j << man) + RNE(v * 2^(man - emin - j)),
+// the second term in [0, 2^(man + 1)] (j = 0: the element subnormals, the rest: the normals,
+// whose rounding may carry into the exponent). v * 2^(man - emin - j) is x with its exponent
+// lowered by j (j << 7 = ax - normal, in whole binades, where ax >= normal), times
+// 2^(k + man + 126): exact in f32 (underflow only where the code is 0 anyway), rounded to an
+// integer by the float -> int conversion (round to nearest even). kSaturate: clamp to
+// max_code (RCEIL scales never need it: their v <= max).
+template <class F, bool kSaturate>
+inline __m256i encode16(__m256i ax, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
-  const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
-  const __m256i m = _mm256_add_epi16(ax, s.k7);
-  const __m256i normal = _mm256_cmpgt_epi16(m, set16(127));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(m, c), set16(1));
-  const __m256i r = _mm256_srli_epi16(
-      _mm256_add_epi16(_mm256_add_epi16(m, set16((1 << (c - 1)) - 1)), odd), c);
-  __m256i code = _mm256_and_si256(_mm256_min_epu16(r, set16(F::max_code)), normal);
-  const __m256i zero = _mm256_cmpeq_epi16(ax, _mm256_setzero_si256());
-  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
-  if (F::bits != 8 || !_mm256_testc_si256(_mm256_or_si256(normal, zero), set16(-1))) {
-    const __m256i z = _mm256_setzero_si256();
-    const __m256i lo = _mm256_cvtps_epi32(
-        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ax)), s.sub_lo));
-    const __m256i hi = _mm256_cvtps_epi32(
-        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ax)), s.sub_hi));
-    code = _mm256_blendv_epi8(_mm256_packs_epi32(lo, hi), code, normal);
+  const __m256i j7 = _mm256_and_si256(_mm256_subs_epu16(ax, s.normal), set16(0xFF80));
+  const __m256i xj = _mm256_sub_epi16(ax, j7);
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i lo = _mm256_cvtps_epi32(
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, xj)), s.sub_lo));
+  const __m256i hi = _mm256_cvtps_epi32(
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, xj)), s.sub_hi));
+  const __m256i code = _mm256_add_epi16(_mm256_packs_epi32(lo, hi), _mm256_srli_epi16(j7, c));
+  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+}
+
+// encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals),
+// from normal_bias = normal - 128 - (2^(c - 1) - 1) with c = 7 - man: v's bits in a bf16-like
+// layout with the element's exponent field, m = ax - normal + 128, rounded to nearest even
+// by integer adds and a shift (the carry goes into the exponent); zero lanes saturate to 0.
+template <class F, bool kSaturate>
+inline __m256i encode16_normal(__m256i ax, __m256i normal_bias) {
+  constexpr int c = 7 - F::man_bits;
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, c), set16(1));
+  const __m256i code =
+      _mm256_srli_epi16(_mm256_add_epi16(_mm256_subs_epu16(ax, normal_bias), odd), c);
+  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+}
+
+template <class F>
+inline __m256i normal_bias(__m256i normal) {
+  return _mm256_sub_epi16(normal, set16(128 + (1 << (6 - F::man_bits)) - 1));
+}
+
+// Nonzero where a lane of ax (either vector) is in (0, normal): encode16_normal does not do it.
+inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal) {
+  const __m256i one = set16(1);
+  const __m256i low = _mm256_min_epu16(_mm256_sub_epi16(ax0, one), _mm256_sub_epi16(ax1, one));
+  return _mm256_subs_epu16(_mm256_sub_epi16(normal, one), low);
+}
+
+// The magnitude codes of 16 lanes ax: encode16, or for FP8, encode16_normal where it can.
+template <class F, bool kSaturate>
+inline __m256i encode16_any(__m256i ax, const Scale& s) {
+  if constexpr (F::bits == 8) {
+    const __m256i below = below_normal(ax, ax, s.normal);
+    if (_mm256_testz_si256(below, below)) {
+      return encode16_normal<F, kSaturate>(ax, normal_bias<F>(s.normal));
+    }
   }
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
-                                        set16(1 << (F::bits - 1)));
-  return _mm256_or_si256(code, sign);
+  return encode16<F, kSaturate>(ax, s);
+}
+
+// The sign of x (bf16 bits) at F's sign bit of a code in u16 lanes.
+template <class F>
+inline __m256i sign16(__m256i x) {
+  return _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)), set16(1 << (F::bits - 1)));
 }
 
 // The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
@@ -115,14 +155,10 @@ inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
   return byte;
 }
 
-// Two vectors of 16 u16 codes (code i of the pair in lane i) -> 32 code bytes in order.
-inline __m256i code_bytes(__m256i lo, __m256i hi) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8);
-}
-
-// Stores the 32 codes of one block (bytes, in order) in F's packed storage.
+// Stores the 32 codes of one block (bytes, in order) in F's packed storage. `spill`: FP6
+// may write 4 bytes past it (fewer stores; the next block's storage, rewritten after).
 template <class F>
-inline void store_block(__m256i codes, uint8_t* out) {
+inline void store_block(__m256i codes, uint8_t* out, bool spill = false) {
   if constexpr (F::bits == 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), codes);
   } else if constexpr (F::bits == 4) {
@@ -140,13 +176,19 @@ inline void store_block(__m256i codes, uint8_t* out) {
     w = _mm256_shuffle_epi8(w, pick);  // 12 bytes per 128-bit lane
     const __m128i hi = _mm256_extracti128_si256(w, 1);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(w));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), hi);  // overwrites bytes 12..15
+    if (spill) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 12), hi);  // overwrites bytes 12..15
+      return;
+    }
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), hi);
     const int32_t tail = _mm_extract_epi32(hi, 2);
     std::memcpy(out + 20, &tail, 4);
   }
 }
 
-// Per-block max of |x| for nblk (<= 8) blocks of 32 bf16 at x: f32 bits, u32 lane b.
+// Per-block max of |x| for nblk (<= 8) blocks of 32 bf16 at x: f32 bits, u32 lane b. The
+// reduction transposes in 128-bit lanes (cross-lane shuffles are slow on AVX2 CPUs that
+// split 256-bit ops) and joins the two lanes once, at the end.
 inline __m256i amax8(const uint16_t* x, int nblk) {
   const __m256i abs = set16(0x7FFF);
   __m256i a[8];
@@ -160,38 +202,81 @@ inline __m256i amax8(const uint16_t* x, int nblk) {
     }
   }
   __m256i b[4], c[2];
-  for (int i = 0; i < 4; ++i) {  // 128-bit lane h of b[i] = block 2i + h
-    b[i] = _mm256_max_epu16(_mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x20),
-                            _mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x31));
+  for (int i = 0; i < 4; ++i) {  // words: blocks 2i, 2i + 1, 2i, 2i + 1, ...
+    b[i] = _mm256_max_epu16(_mm256_unpacklo_epi16(a[2 * i], a[2 * i + 1]),
+                            _mm256_unpackhi_epi16(a[2 * i], a[2 * i + 1]));
   }
-  for (int i = 0; i < 2; ++i) {  // lane h of c[i]: qwords [block 4i + h, block 4i + 2 + h]
-    c[i] = _mm256_max_epu16(_mm256_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
-                            _mm256_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+  for (int i = 0; i < 2; ++i) {  // words: blocks 4i .. 4i + 3, twice
+    c[i] = _mm256_max_epu16(_mm256_unpacklo_epi32(b[2 * i], b[2 * i + 1]),
+                            _mm256_unpackhi_epi32(b[2 * i], b[2 * i + 1]));
   }
-  const __m256 c0 = _mm256_castsi256_ps(c[0]), c1 = _mm256_castsi256_ps(c[1]);
-  // lane h, dword j: block 2j + h (two u16 partials)
-  __m256i d = _mm256_max_epu16(_mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0x88)),
-                               _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0xDD)));
-  d = _mm256_max_epu16(d, _mm256_srli_epi32(d, 16));
-  d = _mm256_permutevar8x32_epi32(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  return _mm256_slli_epi32(d, 16);
+  // words: blocks 0 .. 7, the max over one 128-bit lane of each
+  const __m256i d = _mm256_max_epu16(_mm256_unpacklo_epi64(c[0], c[1]),
+                                     _mm256_unpackhi_epi64(c[0], c[1]));
+  const __m128i m = _mm_max_epu16(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+  return _mm256_slli_epi32(_mm256_cvtepu16_epi32(m), 16);
 }
 
-// Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each.
-template <class F>
+// The 32 codes of the block at x (bf16) with their signs, as bytes in order, for the scale s.
+template <class F, bool kSaturate>
+inline __m256i block_codes(const uint16_t* x, const Scale& s) {
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  const __m256i a0 = _mm256_and_si256(x0, set16(0x7FFF));
+  const __m256i a1 = _mm256_and_si256(x1, set16(0x7FFF));
+  bool normal_only = false;  // FP8: a predictable branch (few element subnormals)
+  if constexpr (F::bits == 8) {
+    const __m256i below = below_normal(a0, a1, s.normal);
+    normal_only = _mm256_testz_si256(below, below);
+  }
+  __m256i c0, c1;
+  if (normal_only) {
+    const __m256i nb = normal_bias<F>(s.normal);
+    c0 = encode16_normal<F, kSaturate>(a0, nb);
+    c1 = encode16_normal<F, kSaturate>(a1, nb);
+  } else {
+    c0 = encode16<F, kSaturate>(a0, s);
+    c1 = encode16<F, kSaturate>(a1, s);
+  }
+  // Signed saturation keeps each x's sign in bit 7 of its byte; moved to F's sign bit.
+  __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
+  if constexpr (F::bits != 8) sign = _mm256_srli_epi16(sign, 8 - F::bits);
+  return _mm256_permute4x64_epi64(_mm256_or_si256(_mm256_packus_epi16(c0, c1), sign), 0xD8);
+}
+
+// The low bytes of 8 u32 lanes to out.
+inline void store_bytes8(__m256i v, uint8_t* out) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(v, pick);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out),
+                   _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+}
+
+// Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each (kSaturate: see encode16).
+template <class F, bool kSaturate>
 inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
                       uint8_t* scales) {
   __m256i k;
   int slow;
   const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
-  alignas(32) int32_t bytes[8], k7[8];
-  alignas(32) float sub[8];  // the Scale of block i: k7[i] and sub[i] in every lane
-  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(k7), _mm256_slli_epi32(k, 7));
+  // The Scale of block i: normal[i] in both u16 halves of every u32 lane, sub[i] in every lane.
+  alignas(32) int32_t normal[8];
+  alignas(32) float sub[8];
+  const __m256i n = _mm256_and_si256(normal_bits(k), set32(0xFFFF));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(normal), _mm256_or_si256(n, _mm256_slli_epi32(n, 16)));
   _mm256_store_ps(sub, subnormal_mul<F>(k));
+  if (nblk == 8) {
+    store_bytes8(byte, scales);
+  } else {
+    alignas(32) int32_t bytes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
+    for (int i = 0; i < nblk; ++i) scales[i] = uint8_t(bytes[i]);
+  }
   constexpr int64_t bs = block_storage<F>(32);
   for (int i = 0; i < nblk; ++i) {
-    if ((slow >> i) & 1) {
+    if ((slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
       uint8_t codes[32];
       scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
       for (int g = 0; g < 32 / F::group_codes; ++g) {
@@ -199,12 +284,9 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
       }
       continue;
     }
-    scales[i] = uint8_t(bytes[i]);
-    const Scale sc = {set16(k7[i]), _mm256_set1_ps(sub[i]), _mm256_set1_ps(sub[i])};
-    const __m256i* p = reinterpret_cast<const __m256i*>(x + 32 * i);
-    const __m256i lo = encode16<F>(_mm256_loadu_si256(p), sc);
-    const __m256i hi = encode16<F>(_mm256_loadu_si256(p + 1), sc);
-    store_block<F>(code_bytes(lo, hi), data + bs * i);
+    const __m256 sc = _mm256_set1_ps(sub[i]);
+    store_block<F>(block_codes<F, kSaturate>(x + 32 * i, {set32(normal[i]), sc, sc}),
+                   data + bs * i, i + 1 < nblk);
   }
 }
 
@@ -218,7 +300,11 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   constexpr int64_t bs = block_storage<F>(32);
   for (int64_t b = b0; b < end; b += 8) {
     const int nblk = int(end - b < 8 ? end - b : 8);
-    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+    if (mode == kRceil) {
+      row_group<F, false>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+    } else {
+      row_group<F, true>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+    }
   }
   return b0 > end ? b0 : end;
 }
@@ -277,8 +363,13 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s
                          int64_t dld, bool stream) {
   __m256i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld)), s)
-                    : _mm256_setzero_si256();
+    if (i < rows) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld));
+      c[i] = _mm256_or_si256(encode16_any<F, true>(_mm256_and_si256(v, set16(0x7FFF)), s),
+                             sign16<F>(v));
+    } else {
+      c[i] = _mm256_setzero_si256();
+    }
   }
   if constexpr (F::bits == 8) {
     store_bytes16(c[0], out, stream);
