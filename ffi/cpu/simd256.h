@@ -16,143 +16,15 @@
 #include <cstring>
 
 #include "mxjax/quantize.h"
+#include "simd256_encode.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd256 {
 
-// k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
-constexpr int16_t kZeroBlockK = -256;
-
-inline __m256i set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
-inline __m256i set32(int32_t v) { return _mm256_set1_epi32(v); }
-
 // A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
 inline __m256i byte_table(const uint8_t (&t)[16]) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-}
-
-// What encode16 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
-// `normal` = the bf16 bits of 2^(emin + e), the smallest |x| that is an element normal (u16
-// lanes), and `sub_lo` / `sub_hi` = 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in
-// the order of _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15).
-struct Scale {
-  __m256i normal;
-  __m256 sub_lo, sub_hi;
-};
-
-// 2^(k + man + 126) as f32 for k in i32 lanes (clamped to a normal f32 for zero blocks).
-template <class F>
-inline __m256 subnormal_mul(__m256i k) {
-  const __m256i e = _mm256_max_epi32(_mm256_add_epi32(k, set32(F::man_bits + 253)), set32(1));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-}
-
-// bf16 bits of 2^(emin + e) = 2^(-126 - k) for k in 16-bit lanes (or the low half of 32-bit
-// ones): exponent field 1 - k. Zero blocks (kZeroBlockK) get 0x8080, above every finite |x|.
-inline __m256i normal_bits(__m256i k) { return _mm256_slli_epi16(_mm256_sub_epi16(set16(1), k), 7); }
-
-template <class F>
-inline Scale scale_of(__m256i k16) {
-  return {normal_bits(k16),
-          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpacklo_epi16(k16, k16), 16)),
-          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpackhi_epi16(k16, k16), 16))};
-}
-
-// 16 |x| (bf16 bits ax) -> 16 magnitude codes in u16 lanes, for the scales s. With v = |x| *
-// 2^-e and j = max(0, exponent(v) - emin), code = (j << man) + RNE(v * 2^(man - emin - j)),
-// the second term in [0, 2^(man + 1)] (j = 0: the element subnormals, the rest: the normals,
-// whose rounding may carry into the exponent). v * 2^(man - emin - j) is x with its exponent
-// lowered by j (j << 7 = ax - normal, in whole binades, where ax >= normal), times
-// 2^(k + man + 126): exact in f32 (underflow only where the code is 0 anyway), rounded to an
-// integer by the float -> int conversion (round to nearest even). kSaturate: clamp to
-// max_code (RCEIL scales never need it: their v <= max).
-template <class F, bool kSaturate>
-inline __m256i encode16(__m256i ax, const Scale& s) {
-  constexpr int c = 7 - F::man_bits;
-  const __m256i j7 = _mm256_and_si256(_mm256_subs_epu16(ax, s.normal), set16(0xFF80));
-  const __m256i xj = _mm256_sub_epi16(ax, j7);
-  const __m256i z = _mm256_setzero_si256();
-  const __m256i lo = _mm256_cvtps_epi32(
-      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, xj)), s.sub_lo));
-  const __m256i hi = _mm256_cvtps_epi32(
-      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, xj)), s.sub_hi));
-  const __m256i code = _mm256_add_epi16(_mm256_packs_epi32(lo, hi), _mm256_srli_epi16(j7, c));
-  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
-}
-
-// encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals),
-// from normal_bias = normal - 128 - (2^(c - 1) - 1) with c = 7 - man: v's bits in a bf16-like
-// layout with the element's exponent field, m = ax - normal + 128, rounded to nearest even
-// by integer adds and a shift (the carry goes into the exponent); zero lanes saturate to 0.
-template <class F, bool kSaturate>
-inline __m256i encode16_normal(__m256i ax, __m256i normal_bias) {
-  constexpr int c = 7 - F::man_bits;
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, c), set16(1));
-  const __m256i code =
-      _mm256_srli_epi16(_mm256_add_epi16(_mm256_subs_epu16(ax, normal_bias), odd), c);
-  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
-}
-
-template <class F>
-inline __m256i normal_bias(__m256i normal) {
-  return _mm256_sub_epi16(normal, set16(128 + (1 << (6 - F::man_bits)) - 1));
-}
-
-// Nonzero where a lane of ax (either vector) is in (0, normal): encode16_normal does not do it.
-inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal) {
-  const __m256i one = set16(1);
-  const __m256i low = _mm256_min_epu16(_mm256_sub_epi16(ax0, one), _mm256_sub_epi16(ax1, one));
-  return _mm256_subs_epu16(_mm256_sub_epi16(normal, one), low);
-}
-
-// The magnitude codes of 16 lanes ax: encode16, or for FP8, encode16_normal where it can.
-template <class F, bool kSaturate>
-inline __m256i encode16_any(__m256i ax, const Scale& s) {
-  if constexpr (F::bits == 8) {
-    const __m256i below = below_normal(ax, ax, s.normal);
-    if (_mm256_testz_si256(below, below)) {
-      return encode16_normal<F, kSaturate>(ax, normal_bias<F>(s.normal));
-    }
-  }
-  return encode16<F, kSaturate>(ax, s);
-}
-
-// The sign of x (bf16 bits) at F's sign bit of a code in u16 lanes.
-template <class F>
-inline __m256i sign16(__m256i x) {
-  return _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)), set16(1 << (F::bits - 1)));
-}
-
-// The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
-// an element normal (byte > bias), and 2^(k + man + 126) to be a finite f32.
-template <class F>
-constexpr int32_t min_simd_byte() {
-  return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
-}
-
-// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
-// lanes; *k gets bias - byte (kZeroBlockK for zero blocks); returns in *slow a bit per
-// block that the scalar path must do (NaN / Inf, or nonzero with byte < min_simd_byte).
-template <class F>
-inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
-  const __m256i exp = _mm256_srli_epi32(a, 23);
-  __m256i e = _mm256_sub_epi32(exp, set32(127 + F::emax));
-  if (mode == kRceil) {
-    const __m256i norm = _mm256_or_si256(_mm256_and_si256(a, set32(0x7FFFFF)), set32(0x800000));
-    e = _mm256_sub_epi32(e, _mm256_cmpgt_epi32(norm, set32(int32_t(F::max_sig))));  // +1
-  }
-  e = _mm256_min_epi32(_mm256_max_epi32(e, set32(-127)), set32(127));
-  const __m256i zero = _mm256_cmpeq_epi32(a, _mm256_setzero_si256());
-  const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
-  __m256i byte = _mm256_andnot_si256(zero, _mm256_add_epi32(e, set32(127)));
-  byte = _mm256_or_si256(byte, _mm256_and_si256(nan, set32(0xFF)));
-  const __m256i tiny = _mm256_or_si256(_mm256_cmpgt_epi32(set32(min_simd_byte<F>()), byte),
-                                       _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
-  *slow = _mm256_movemask_ps(_mm256_castsi256_ps(
-      _mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
-  *k = _mm256_blendv_epi8(_mm256_sub_epi32(set32(F::bias), byte), set32(kZeroBlockK), zero);
-  return byte;
 }
 
 // Stores the 32 codes of one block (bytes, in order) in F's packed storage. `spill`: FP6
@@ -217,31 +89,35 @@ inline __m256i amax8(const uint16_t* x, int nblk) {
   return _mm256_slli_epi32(_mm256_cvtepu16_epi32(m), 16);
 }
 
-// The 32 codes of the block at x (bf16) with their signs, as bytes in order, for the scale s.
+// The 32 codes of the block at x (bf16) with their signs, for the scale s: bytes in the order
+// of _mm256_packus_epi16 of its halves (elements 0-7, 16-23 | 8-15, 24-31).
 template <class F, bool kSaturate>
 inline __m256i block_codes(const uint16_t* x, const Scale& s) {
   const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-  const __m256i a0 = _mm256_and_si256(x0, set16(0x7FFF));
-  const __m256i a1 = _mm256_and_si256(x1, set16(0x7FFF));
-  bool normal_only = false;  // FP8: a predictable branch (few element subnormals)
-  if constexpr (F::bits == 8) {
-    const __m256i below = below_normal(a0, a1, s.normal);
-    normal_only = _mm256_testz_si256(below, below);
-  }
   __m256i c0, c1;
-  if (normal_only) {
-    const __m256i nb = normal_bias<F>(s.normal);
-    c0 = encode16_normal<F, kSaturate>(a0, nb);
-    c1 = encode16_normal<F, kSaturate>(a1, nb);
-  } else {
-    c0 = encode16<F, kSaturate>(a0, s);
-    c1 = encode16<F, kSaturate>(a1, s);
-  }
+  encode32<F, kSaturate>(_mm256_and_si256(x0, set16(0x7FFF)), _mm256_and_si256(x1, set16(0x7FFF)),
+                         s, &c0, &c1);
   // Signed saturation keeps each x's sign in bit 7 of its byte; moved to F's sign bit.
   __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
   if constexpr (F::bits != 8) sign = _mm256_srli_epi16(sign, 8 - F::bits);
-  return _mm256_permute4x64_epi64(_mm256_or_si256(_mm256_packus_epi16(c0, c1), sign), 0xD8);
+  return _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign);
+}
+
+// Stores one block's codes (bytes in block_codes' order) in F's packed storage (`spill`: see
+// store_block).
+template <class F>
+inline void store_codes(__m256i codes, uint8_t* out, bool spill) {
+  if constexpr (F::bits == 4) {
+    // u16 lane = c0 | c1 << 8 -> byte c0 + 16 c1 (a multiply-add); the dwords of the 128-bit
+    // lanes' low halves are bytes 0-7, 16-23 | 8-15, 24-31 of the block
+    __m256i t = _mm256_maddubs_epi16(codes, set16(1 | 16 << 8));
+    t = _mm256_packus_epi16(t, t);
+    t = _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(t));
+  } else {
+    store_block<F>(_mm256_permute4x64_epi64(codes, 0xD8), out, spill);
+  }
 }
 
 // The low bytes of 8 u32 lanes to out.
@@ -254,19 +130,58 @@ inline void store_bytes8(__m256i v, uint8_t* out) {
                    _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
+// The Scales of 8 blocks, for broadcasting block i's: Scale's u16 fields in both halves of
+// u32 lane i, and sub_lo = sub_hi.
+struct GroupScales {
+  alignas(32) int32_t normal[8], offset[8], quarter[8], three_quarters[8];
+  alignas(32) float sub[8];
+};
+
+template <class F>
+inline void set_group_scales(__m256i k, GroupScales* g) {
+  const __m256i n = normal_bits(k);
+  Scale s;
+  s.normal = _mm256_or_si256(n, _mm256_slli_epi32(n, 16));
+  set_offsets<F>(&s);
+  auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
+  if constexpr (F::bits == 4) {
+    store(g->offset, s.offset);
+    store(g->quarter, s.quarter);
+    store(g->three_quarters, s.three_quarters);
+  } else {
+    store(g->normal, s.normal);
+    if constexpr (F::bits == 8) store(g->offset, s.offset);
+    _mm256_store_ps(g->sub, subnormal_mul<F>(k));
+  }
+}
+
+template <class F>
+inline Scale block_scale(const GroupScales& g, int i) {
+  Scale s;
+  if constexpr (F::bits == 4) {
+    s.offset = set32(g.offset[i]);
+    s.quarter = set32(g.quarter[i]);
+    s.three_quarters = set32(g.three_quarters[i]);
+  } else {
+    s.normal = set32(g.normal[i]);
+    if constexpr (F::bits == 8) s.offset = set32(g.offset[i]);
+    s.sub_lo = s.sub_hi = _mm256_set1_ps(g.sub[i]);
+  }
+  return s;
+}
+
 // Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each (kSaturate: see encode16).
 template <class F, bool kSaturate>
-inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
+__attribute__((always_inline)) inline void row_group(const uint16_t* x, int nblk, int32_t mode,
+                                                     uint8_t* data, uint8_t* scales) {
   __m256i k;
   int slow;
   const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
-  // The Scale of block i: normal[i] in both u16 halves of every u32 lane, sub[i] in every lane.
-  alignas(32) int32_t normal[8];
-  alignas(32) float sub[8];
-  const __m256i n = _mm256_and_si256(normal_bits(k), set32(0xFFFF));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(normal), _mm256_or_si256(n, _mm256_slli_epi32(n, 16)));
-  _mm256_store_ps(sub, subnormal_mul<F>(k));
+  GroupScales g;
+  set_group_scales<F>(k, &g);
+  // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
+  // registers stored, two shuffles each).
+  asm("" : "+m"(g));
   if (nblk == 8) {
     store_bytes8(byte, scales);
   } else {
@@ -275,36 +190,48 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
     for (int i = 0; i < nblk; ++i) scales[i] = uint8_t(bytes[i]);
   }
   constexpr int64_t bs = block_storage<F>(32);
+  if (nblk == 8 && slow == 0) {  // the common case, unrolled
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g, i)), data + bs * i,
+                     i < 7);
+    }
+    return;
+  }
   for (int i = 0; i < nblk; ++i) {
     if ((slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
       uint8_t codes[32];
       scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
-      for (int g = 0; g < 32 / F::group_codes; ++g) {
-        pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
+      for (int j = 0; j < 32 / F::group_codes; ++j) {
+        pack_group<F>(codes + j * F::group_codes, 1, data + bs * i + j * F::group_bytes, 1);
       }
       continue;
     }
-    const __m256 sc = _mm256_set1_ps(sub[i]);
-    store_block<F>(block_codes<F, kSaturate>(x + 32 * i, {set32(normal[i]), sc, sc}),
-                   data + bs * i, i + 1 < nblk);
+    store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g, i)), data + bs * i,
+                   i + 1 < nblk);
   }
 }
 
 // Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 8; returns the
 // first block not done (the caller finishes [that, b1) with quantize_row).
+template <class F, bool kSaturate>
+inline void row_groups(const uint16_t* x, int64_t b0, int64_t end, int32_t mode, uint8_t* data,
+                       uint8_t* scales) {
+  constexpr int64_t bs = block_storage<F>(32);
+  int64_t b = b0;
+  for (; b + 8 <= end; b += 8) row_group<F, kSaturate>(x + 32 * b, 8, mode, data + bs * b, scales + b);
+  if (b < end) row_group<F, kSaturate>(x + 32 * b, int(end - b), mode, data + bs * b, scales + b);
+}
+
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
                           uint8_t* data, uint8_t* scales) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
-  constexpr int64_t bs = block_storage<F>(32);
-  for (int64_t b = b0; b < end; b += 8) {
-    const int nblk = int(end - b < 8 ? end - b : 8);
-    if (mode == kRceil) {
-      row_group<F, false>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
-    } else {
-      row_group<F, true>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
-    }
+  if (mode == kRceil) {
+    row_groups<F, false>(x, b0, end, mode, data, scales);
+  } else {
+    row_groups<F, true>(x, b0, end, mode, data, scales);
   }
   return b0 > end ? b0 : end;
 }
