@@ -120,6 +120,22 @@ inline void store_codes(__m256i codes, uint8_t* out, bool spill) {
   }
 }
 
+// Stores two consecutive blocks' codes (as store_codes; for FP4, one pack and one permute).
+template <class F>
+inline void store_codes2(__m256i codes0, __m256i codes1, uint8_t* out, bool spill) {
+  if constexpr (F::bits == 4) {
+    const __m256i pairs = set16(1 | 16 << 8);
+    const __m256i t = _mm256_packus_epi16(_mm256_maddubs_epi16(codes0, pairs),
+                                          _mm256_maddubs_epi16(codes1, pairs));
+    // dwords: block 0 bytes 0-3, 8-11, block 1 bytes 0-3, 8-11 | 4-7, 12-15, 4-7, 12-15
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  } else {
+    store_codes<F>(codes0, out, true);
+    store_codes<F>(codes1, out + block_storage<F>(32), spill);
+  }
+}
+
 // The low bytes of 8 u32 lanes to out.
 inline void store_bytes8(__m256i v, uint8_t* out) {
   const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
@@ -170,18 +186,22 @@ inline Scale block_scale(const GroupScales& g, int i) {
   return s;
 }
 
-// Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each (kSaturate: see encode16).
-template <class F, bool kSaturate>
-__attribute__((always_inline)) inline void row_group(const uint16_t* x, int nblk, int32_t mode,
-                                                     uint8_t* data, uint8_t* scales) {
-  __m256i k;
+// A group of up to 8 blocks with its scales computed: their Scales, and a bit per block
+// that the scalar path must do.
+struct Group {
+  GroupScales scales;
   int slow;
-  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
-  GroupScales g;
-  set_group_scales<F>(k, &g);
-  // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
-  // registers stored, two shuffles each).
-  asm("" : "+m"(g));
+};
+
+// Computes the scales of blocks [0, nblk) (nblk <= 8, all full) of 32 bf16 at x, and stores
+// their scale bytes.
+template <class F>
+__attribute__((always_inline)) inline void prepare_group(const uint16_t* x, int nblk,
+                                                         int32_t mode, uint8_t* scales,
+                                                         Group* g) {
+  __m256i k;
+  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &g->slow);
+  set_group_scales<F>(k, &g->scales);
   if (nblk == 8) {
     store_bytes8(byte, scales);
   } else {
@@ -189,17 +209,26 @@ __attribute__((always_inline)) inline void row_group(const uint16_t* x, int nblk
     _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
     for (int i = 0; i < nblk; ++i) scales[i] = uint8_t(bytes[i]);
   }
+}
+
+// Encodes the blocks of a prepared group (kSaturate: see encode16); the scalar path does
+// its slow blocks, scale bytes included.
+template <class F, bool kSaturate>
+__attribute__((always_inline)) inline void encode_group(const uint16_t* x, int nblk,
+                                                        int32_t mode, const Group& g,
+                                                        uint8_t* data, uint8_t* scales) {
   constexpr int64_t bs = block_storage<F>(32);
-  if (nblk == 8 && slow == 0) {  // the common case, unrolled
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g, i)), data + bs * i,
-                     i < 7);
+  if (nblk == 8 && g.slow == 0) {  // the common case, unrolled
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+      store_codes2<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g.scales, i)),
+                      block_codes<F, kSaturate>(x + 32 * i + 32, block_scale<F>(g.scales, i + 1)),
+                      data + bs * i, i < 6);
     }
     return;
   }
   for (int i = 0; i < nblk; ++i) {
-    if ((slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
+    if ((g.slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
       uint8_t codes[32];
       scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
       for (int j = 0; j < 32 / F::group_codes; ++j) {
@@ -207,22 +236,38 @@ __attribute__((always_inline)) inline void row_group(const uint16_t* x, int nblk
       }
       continue;
     }
-    store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g, i)), data + bs * i,
-                   i + 1 < nblk);
+    store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g.scales, i)),
+                   data + bs * i, i + 1 < nblk);
+  }
+}
+
+// Blocks [b0, end) (all full) of a row of bf16 in groups of 8, each group's scales computed
+// while the group before it is encoded (its amax pass and scale arithmetic would otherwise
+// wait for the encoding to drain).
+template <class F, bool kSaturate>
+inline void row_groups(const uint16_t* x, int64_t b0, int64_t end, int32_t mode, uint8_t* data,
+                       uint8_t* scales) {
+  constexpr int64_t bs = block_storage<F>(32);
+  Group g[2];
+  int64_t b = b0;
+  if (b + 8 <= end) prepare_group<F>(x + 32 * b, 8, mode, scales + b, &g[0]);
+  for (int cur = 0; b + 8 <= end; b += 8, cur ^= 1) {
+    if (b + 16 <= end) prepare_group<F>(x + 32 * (b + 8), 8, mode, scales + b + 8, &g[cur ^ 1]);
+    // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
+    // registers it stored, two shuffles each).
+    asm("" : "+m"(g[cur]));
+    encode_group<F, kSaturate>(x + 32 * b, 8, mode, g[cur], data + bs * b, scales + b);
+  }
+  if (b < end) {
+    const int nblk = int(end - b);
+    prepare_group<F>(x + 32 * b, nblk, mode, scales + b, &g[0]);
+    asm("" : "+m"(g[0]));
+    encode_group<F, kSaturate>(x + 32 * b, nblk, mode, g[0], data + bs * b, scales + b);
   }
 }
 
 // Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 8; returns the
 // first block not done (the caller finishes [that, b1) with quantize_row).
-template <class F, bool kSaturate>
-inline void row_groups(const uint16_t* x, int64_t b0, int64_t end, int32_t mode, uint8_t* data,
-                       uint8_t* scales) {
-  constexpr int64_t bs = block_storage<F>(32);
-  int64_t b = b0;
-  for (; b + 8 <= end; b += 8) row_group<F, kSaturate>(x + 32 * b, 8, mode, data + bs * b, scales + b);
-  if (b < end) row_group<F, kSaturate>(x + 32 * b, int(end - b), mode, data + bs * b, scales + b);
-}
-
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
                           uint8_t* data, uint8_t* scales) {
