@@ -136,14 +136,12 @@ inline void store_codes2(__m256i codes0, __m256i codes1, uint8_t* out, bool spil
   }
 }
 
-// The low bytes of 8 u32 lanes to out.
+// 8 i32 lanes, saturated to bytes, to out.
 inline void store_bytes8(__m256i v, uint8_t* out) {
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                        -1, -1);
-  const __m256i b = _mm256_shuffle_epi8(v, pick);
+  v = _mm256_packus_epi32(v, v);
+  v = _mm256_packus_epi16(v, v);  // dword 0 of each 128-bit lane: lanes 0-3 | 4-7
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out),
-                   _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+                   _mm_unpacklo_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
 // The Scales of 8 blocks, for broadcasting block i's: Scale's u16 fields in both halves of
@@ -153,12 +151,11 @@ struct GroupScales {
   alignas(32) float sub[8];
 };
 
+// From the encoders' scale bytes (i32 lanes).
 template <class F>
-inline void set_group_scales(__m256i k, GroupScales* g) {
-  const __m256i n = normal_bits(k);
+inline void set_group_scales(__m256i byte, GroupScales* g) {
   Scale s;
-  s.normal = _mm256_or_si256(n, _mm256_slli_epi32(n, 16));
-  set_offsets<F>(&s);
+  set_integer_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
   auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
   if constexpr (F::bits == 4) {
     store(g->offset, s.offset);
@@ -167,7 +164,7 @@ inline void set_group_scales(__m256i k, GroupScales* g) {
   } else {
     store(g->normal, s.normal);
     if constexpr (F::bits == 8) store(g->offset, s.offset);
-    _mm256_store_ps(g->sub, subnormal_mul<F>(k));
+    _mm256_store_ps(g->sub, subnormal_mul<F>(byte));
   }
 }
 
@@ -199,15 +196,15 @@ template <class F>
 __attribute__((always_inline)) inline void prepare_group(const uint16_t* x, int nblk,
                                                          int32_t mode, uint8_t* scales,
                                                          Group* g) {
-  __m256i k;
-  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &g->slow);
-  set_group_scales<F>(k, &g->scales);
+  __m256i enc;
+  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &enc, &g->slow);
+  set_group_scales<F>(enc, &g->scales);
   if (nblk == 8) {
     store_bytes8(byte, scales);
   } else {
-    alignas(32) int32_t bytes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
-    for (int i = 0; i < nblk; ++i) scales[i] = uint8_t(bytes[i]);
+    uint8_t bytes[8];
+    store_bytes8(byte, bytes);
+    for (int i = 0; i < nblk; ++i) scales[i] = bytes[i];
   }
 }
 
@@ -307,16 +304,16 @@ inline void store16(__m128i v, uint8_t* out, bool stream) {
 // (see encode16); false where a block needs the scalar path.
 template <class F>
 inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, bool stream) {
-  __m256i klo, khi;
+  __m256i elo, ehi;
   int slo, shi;
   const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(amax)), 16);
   const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(amax, 1)), 16);
-  const __m256i blo = scales8<F>(lo, mode, &klo, &slo);
-  const __m256i bhi = scales8<F>(hi, mode, &khi, &shi);
+  const __m256i blo = scales8<F>(lo, mode, &elo, &slo);
+  const __m256i bhi = scales8<F>(hi, mode, &ehi, &shi);
   const __m256i b16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
   const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(b16, b16), 0x08);
   store16(_mm256_castsi256_si128(b8), scales, stream);
-  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8));
+  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(elo, ehi), 0xD8));
   return (slo | shi) == 0;
 }
 

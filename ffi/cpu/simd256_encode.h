@@ -49,36 +49,35 @@ struct Scale {
   __m256 sub_lo, sub_hi;
 };
 
-// Scale's integer fields from `normal` (16-bit lanes).
+// Scale's integer fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit
+// ones): normal = (byte + 1 - bias) << 7, the exponent field of 2^(emin + e) being byte + 1 -
+// bias; the offsets from it.
 template <class F>
-inline void set_offsets(Scale* s) {
-  constexpr int offset = F::bits == 4 ? 31 : 128 + (1 << (6 - F::man_bits)) - 1;
-  s->offset = _mm256_sub_epi16(s->normal, set16(offset));
-  s->quarter = _mm256_sub_epi16(s->normal, set16(256));
-  s->three_quarters = _mm256_sub_epi16(s->normal, set16(65));
+inline void set_integer_fields(__m256i byte, Scale* s) {
+  const __m256i b7 = _mm256_slli_epi16(byte, 7);
+  const int normal = (1 - F::bias) << 7;
+  s->normal = _mm256_add_epi16(b7, set16(normal));
+  s->offset = _mm256_add_epi16(
+      b7, set16(normal - (F::bits == 4 ? 31 : 128 + (1 << (6 - F::man_bits)) - 1)));
+  s->quarter = _mm256_add_epi16(b7, set16(normal - 256));
+  s->three_quarters = _mm256_add_epi16(b7, set16(normal - 65));
 }
 
-// 2^(k + man + 126) as f32 for k in i32 lanes.
+// 2^(k + man + 126) as f32 for scale bytes in i32 lanes (k = bias - byte).
 template <class F>
-inline __m256 subnormal_mul(__m256i k) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, set32(F::man_bits + 253)), 23));
+inline __m256 subnormal_mul(__m256i byte) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(set32(F::bias + F::man_bits + 253), byte), 23));
 }
 
-// bf16 bits of 2^(emin + e) = 2^(-126 - k): exponent field 1 - k (k in i32 lanes).
-inline __m256i normal_bits(__m256i k) {
-  return _mm256_slli_epi32(_mm256_sub_epi32(set32(1), k), 7);
-}
-
-// The Scale of 16 lanes from their k (i16 lanes).
+// The Scale of 16 lanes from their scale bytes (i16 lanes).
 template <class F>
-inline Scale scale_of(__m256i k16) {
-  const __m256i klo = _mm256_srai_epi32(_mm256_unpacklo_epi16(k16, k16), 16);
-  const __m256i khi = _mm256_srai_epi32(_mm256_unpackhi_epi16(k16, k16), 16);
+inline Scale scale_of(__m256i byte16) {
+  const __m256i z = _mm256_setzero_si256();
   Scale s;
-  s.normal = _mm256_slli_epi16(_mm256_sub_epi16(set16(1), k16), 7);
-  set_offsets<F>(&s);
-  s.sub_lo = subnormal_mul<F>(klo);
-  s.sub_hi = subnormal_mul<F>(khi);
+  set_integer_fields<F>(byte16, &s);
+  s.sub_lo = subnormal_mul<F>(_mm256_unpacklo_epi16(byte16, z));
+  s.sub_hi = subnormal_mul<F>(_mm256_unpackhi_epi16(byte16, z));
   return s;
 }
 
@@ -178,25 +177,24 @@ inline __m256i sign16(__m256i x) {
   return _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)), set16(1 << (F::bits - 1)));
 }
 
-// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
-// lanes; *k gets bias - byte (for zero blocks, whose byte is 0, that of min_byte: every k
-// the encoders take encodes zeros as zero); returns in *slow a bit per block that the scalar
-// path must do (NaN / Inf, or nonzero with byte < min_byte), whose bytes are left undefined.
+// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes), in i32 lanes: exponent
+// field - emax (+1 for RCEIL where the significand is above max's: adding 2^24 - 1 - max_sig
+// carries into the exponent field exactly then); at most 253 for a finite amax, below
+// min_byte for the tiny ones, negative for zero blocks (a saturating pack stores their 0).
+// *enc gets the bytes the encoders use, max(byte, min_byte) (zero blocks: any byte the
+// encoders take encodes zeros as zero). Returns in *slow a bit per block that the scalar
+// path must do (NaN / Inf, or nonzero with byte < min_byte), whose bytes are undefined.
 template <class F>
-inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
-  // byte = exponent field - emax (+1 for RCEIL where the significand is above max's: adding
-  // 2^24 - 1 - max_sig carries into the exponent field exactly then); at most 253 for a
-  // finite amax, below min_byte for the tiny ones.
-  const __m256i up = mode == kRceil ? _mm256_add_epi32(a, set32(int32_t(0xFFFFFF - F::max_sig)))
-                                    : a;
-  const __m256i byte = _mm256_sub_epi32(_mm256_srli_epi32(up, 23), set32(F::emax));
+inline __m256i scales8(__m256i a, int32_t mode, __m256i* enc, int* slow) {
+  const int32_t round = (mode == kRceil ? 0xFFFFFF - int32_t(F::max_sig) : 0) - (F::emax << 23);
+  const __m256i byte = _mm256_srai_epi32(_mm256_add_epi32(a, set32(round)), 23);
   const __m256i zero = _mm256_cmpeq_epi32(a, _mm256_setzero_si256());
   const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
-  const __m256i tiny = _mm256_cmpgt_epi32(set32(min_byte<F>()), byte);
+  const __m256i tiny = _mm256_sub_epi32(byte, set32(min_byte<F>()));  // sign bit
   *slow = _mm256_movemask_ps(
       _mm256_castsi256_ps(_mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
-  *k = _mm256_min_epi32(_mm256_sub_epi32(set32(F::bias), byte), set32(F::bias - min_byte<F>()));
-  return _mm256_max_epi32(byte, _mm256_setzero_si256());
+  *enc = _mm256_max_epi32(byte, set32(min_byte<F>()));
+  return byte;
 }
 
 }  // namespace simd256
