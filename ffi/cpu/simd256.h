@@ -1,9 +1,9 @@
 // AVX2 fast paths for bf16 inputs, block 32: quantize in rowwise groups of up to 8 blocks
-// and in 16-column strips of a column tile (every format); simd256_dequantize.h has the
-// dequantize. Host only; included by kernels.cc in the TUs built with -mavx2 and -mavx512bw
-// (which quantizes with simd512.h, and uses the byte packers here). Bit-exact with the
-// templates of quantize.h, which handle what these do not (other dtypes / blocks, NaN / Inf
-// blocks, blocks with tiny scales); the encoding (encode16) is simd512.h's.
+// and in 16-column strips of a column tile (every format), with simd256_encode.h's encoders;
+// simd256_dequantize.h has the dequantize. Host only; included by kernels.cc in the TUs built
+// with -mavx2 and -mavx512bw (which quantizes with simd512.h, and uses the byte packers here).
+// Bit-exact with the templates of quantize.h, which handle what these do not (other dtypes /
+// blocks, NaN / Inf blocks, blocks with tiny scales).
 #ifndef MXJAX_CPU_SIMD256_H_
 #define MXJAX_CPU_SIMD256_H_
 

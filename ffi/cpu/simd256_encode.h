@@ -55,7 +55,7 @@ struct Scale {
 template <class F>
 inline void set_integer_fields(__m256i byte, Scale* s) {
   const __m256i b7 = _mm256_slli_epi16(byte, 7);
-  const int normal = (1 - F::bias) << 7;
+  const int normal = (1 - F::bias) * 128;
   s->normal = _mm256_add_epi16(b7, set16(normal));
   s->offset = _mm256_add_epi16(
       b7, set16(normal - (F::bits == 4 ? 31 : 128 + (1 << (6 - F::man_bits)) - 1)));
