@@ -321,3 +321,29 @@ def test_inputs_past_the_streaming_store_size(shape, fmt):
                     (-1, rows), (-2, cols)]:
     data, scales = reference.quantize(x, fmt, axis=axis)
     assert_same_quantized(got, data, scales)
+
+
+def small_scale_blocks(rows: int, blocks: int) -> np.ndarray:
+  """[rows, 32 * blocks] bf16: blocks whose amax has exponent field 1 .. 32 (scale bytes at the
+  low end that the SIMD encoders take), the other elements bf16 subnormals and normals one to
+  four binades below the amax, signs mixed."""
+  r, b, i = np.meshgrid(np.arange(rows), np.arange(blocks), np.arange(32), indexing="ij")
+  e = 1 + b % 32
+  amax = e << 7 | ((r * 37 + b) & 127)
+  subnormal = (r * 19 + b * 7 + i * 13) & 127
+  below = np.maximum(e - 1 - i % 4, 0) << 7 | ((i * 29 + r) & 127)
+  bits = np.where(i == 0, amax, np.where(i < 20, subnormal, below))
+  bits = bits | np.where((i + r) % 3 == 0, 0x8000, 0)
+  return bits.astype(np.uint16).reshape(rows, 32 * blocks).view(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_small_scales_with_subnormal_elements(fmt):
+  """Scale bytes around the smallest the SIMD paths take (simd256_encode.h, min_byte), with
+  subnormal elements near the element grid's rounding boundaries: rowwise, columnwise, 2x."""
+  x = jnp.asarray(small_scale_blocks(32, 64))
+  for mode in SCALE_MODES:
+    rows, cols = quantize_2x(x, fmt, scale_mode=mode)
+    for axis, got in [(-1, quantize(x, fmt, axis=-1, scale_mode=mode)),
+                      (0, quantize(x, fmt, axis=0, scale_mode=mode)), (-1, rows), (0, cols)]:
+      assert_same_quantized(got, *reference.quantize(x, fmt, axis=axis, scale_mode=mode))

@@ -1,9 +1,9 @@
 // AVX2 fast paths for bf16 inputs, block 32: quantize in rowwise groups of up to 8 blocks
-// and in 16-column strips of a column tile (every format); simd256_dequantize.h has the
-// dequantize. Host only; included by kernels.cc in the TUs built with -mavx2 and -mavx512bw
-// (which quantizes with simd512.h, and uses the byte packers here). Bit-exact with the
-// templates of quantize.h, which handle what these do not (other dtypes / blocks, NaN / Inf
-// blocks, blocks with tiny scales); the encoding (encode16) is simd512.h's.
+// and in 16-column strips of a column tile (every format), with simd256_encode.h's encoders;
+// simd256_dequantize.h has the dequantize. Host only; included by kernels.cc in the TUs built
+// with -mavx2 and -mavx512bw (which quantizes with simd512.h, and uses the byte packers here).
+// Bit-exact with the templates of quantize.h, which handle what these do not (other dtypes /
+// blocks, NaN / Inf blocks, blocks with tiny scales).
 #ifndef MXJAX_CPU_SIMD256_H_
 #define MXJAX_CPU_SIMD256_H_
 
@@ -16,113 +16,21 @@
 #include <cstring>
 
 #include "mxjax/quantize.h"
+#include "simd256_encode.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd256 {
-
-// k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
-constexpr int16_t kZeroBlockK = -256;
-
-inline __m256i set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
-inline __m256i set32(int32_t v) { return _mm256_set1_epi32(v); }
 
 // A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
 inline __m256i byte_table(const uint8_t (&t)[16]) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
-// What encode16 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
-// k << 7 in u16 lanes, and 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order
-// of _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15).
-struct Scale {
-  __m256i k7;
-  __m256 sub_lo, sub_hi;
-};
-
-// 2^(k + man + 126) as f32 for k in i32 lanes (clamped to a normal f32 for zero blocks).
+// Stores the 32 codes of one block (bytes, in order) in F's packed storage. `spill`: FP6
+// may write 4 bytes past it (fewer stores; the next block's storage, rewritten after).
 template <class F>
-inline __m256 subnormal_mul(__m256i k) {
-  const __m256i e = _mm256_max_epi32(_mm256_add_epi32(k, set32(F::man_bits + 253)), set32(1));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-}
-
-template <class F>
-inline Scale scale_of(__m256i k16) {
-  return {_mm256_slli_epi16(k16, 7),
-          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpacklo_epi16(k16, k16), 16)),
-          subnormal_mul<F>(_mm256_srai_epi32(_mm256_unpackhi_epi16(k16, k16), 16))};
-}
-
-
-// 16 bf16 (bits) -> 16 magnitude|sign codes in u16 lanes (simd512.h's encoding, normal range:
-// code = RNE(m >> (7 - man)) with m = |x| + (k << 7)). The element subnormals are
-// RNE(v * 2^(man - emin)) = RNE(|x| * 2^(k + man + 126)), exact in f32, rounded to an integer
-// by the float -> int conversion (round to nearest even).
-template <class F>
-inline __m256i encode16(__m256i x, const Scale& s) {
-  constexpr int c = 7 - F::man_bits;
-  const __m256i ax = _mm256_and_si256(x, set16(0x7FFF));
-  const __m256i m = _mm256_add_epi16(ax, s.k7);
-  const __m256i normal = _mm256_cmpgt_epi16(m, set16(127));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(m, c), set16(1));
-  const __m256i r = _mm256_srli_epi16(
-      _mm256_add_epi16(_mm256_add_epi16(m, set16((1 << (c - 1)) - 1)), odd), c);
-  __m256i code = _mm256_and_si256(_mm256_min_epu16(r, set16(F::max_code)), normal);
-  const __m256i zero = _mm256_cmpeq_epi16(ax, _mm256_setzero_si256());
-  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
-  if (F::bits != 8 || !_mm256_testc_si256(_mm256_or_si256(normal, zero), set16(-1))) {
-    const __m256i z = _mm256_setzero_si256();
-    const __m256i lo = _mm256_cvtps_epi32(
-        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ax)), s.sub_lo));
-    const __m256i hi = _mm256_cvtps_epi32(
-        _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ax)), s.sub_hi));
-    code = _mm256_blendv_epi8(_mm256_packs_epi32(lo, hi), code, normal);
-  }
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)),
-                                        set16(1 << (F::bits - 1)));
-  return _mm256_or_si256(code, sign);
-}
-
-// The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
-// an element normal (byte > bias), and 2^(k + man + 126) to be a finite f32.
-template <class F>
-constexpr int32_t min_simd_byte() {
-  return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
-}
-
-// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
-// lanes; *k gets bias - byte (kZeroBlockK for zero blocks); returns in *slow a bit per
-// block that the scalar path must do (NaN / Inf, or nonzero with byte < min_simd_byte).
-template <class F>
-inline __m256i scales8(__m256i a, int32_t mode, __m256i* k, int* slow) {
-  const __m256i exp = _mm256_srli_epi32(a, 23);
-  __m256i e = _mm256_sub_epi32(exp, set32(127 + F::emax));
-  if (mode == kRceil) {
-    const __m256i norm = _mm256_or_si256(_mm256_and_si256(a, set32(0x7FFFFF)), set32(0x800000));
-    e = _mm256_sub_epi32(e, _mm256_cmpgt_epi32(norm, set32(int32_t(F::max_sig))));  // +1
-  }
-  e = _mm256_min_epi32(_mm256_max_epi32(e, set32(-127)), set32(127));
-  const __m256i zero = _mm256_cmpeq_epi32(a, _mm256_setzero_si256());
-  const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
-  __m256i byte = _mm256_andnot_si256(zero, _mm256_add_epi32(e, set32(127)));
-  byte = _mm256_or_si256(byte, _mm256_and_si256(nan, set32(0xFF)));
-  const __m256i tiny = _mm256_or_si256(_mm256_cmpgt_epi32(set32(min_simd_byte<F>()), byte),
-                                       _mm256_cmpeq_epi32(exp, _mm256_setzero_si256()));
-  *slow = _mm256_movemask_ps(_mm256_castsi256_ps(
-      _mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
-  *k = _mm256_blendv_epi8(_mm256_sub_epi32(set32(F::bias), byte), set32(kZeroBlockK), zero);
-  return byte;
-}
-
-// Two vectors of 16 u16 codes (code i of the pair in lane i) -> 32 code bytes in order.
-inline __m256i code_bytes(__m256i lo, __m256i hi) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8);
-}
-
-// Stores the 32 codes of one block (bytes, in order) in F's packed storage.
-template <class F>
-inline void store_block(__m256i codes, uint8_t* out) {
+inline void store_block(__m256i codes, uint8_t* out, bool spill = false) {
   if constexpr (F::bits == 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), codes);
   } else if constexpr (F::bits == 4) {
@@ -140,13 +48,19 @@ inline void store_block(__m256i codes, uint8_t* out) {
     w = _mm256_shuffle_epi8(w, pick);  // 12 bytes per 128-bit lane
     const __m128i hi = _mm256_extracti128_si256(w, 1);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(w));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), hi);  // overwrites bytes 12..15
+    if (spill) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 12), hi);  // overwrites bytes 12..15
+      return;
+    }
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 12), hi);
     const int32_t tail = _mm_extract_epi32(hi, 2);
     std::memcpy(out + 20, &tail, 4);
   }
 }
 
-// Per-block max of |x| for nblk (<= 8) blocks of 32 bf16 at x: f32 bits, u32 lane b.
+// Per-block max of |x| for nblk (<= 8) blocks of 32 bf16 at x: f32 bits, u32 lane b. The
+// reduction transposes in 128-bit lanes (cross-lane shuffles are slow on AVX2 CPUs that
+// split 256-bit ops) and joins the two lanes once, at the end.
 inline __m256i amax8(const uint16_t* x, int nblk) {
   const __m256i abs = set16(0x7FFF);
   __m256i a[8];
@@ -160,51 +74,192 @@ inline __m256i amax8(const uint16_t* x, int nblk) {
     }
   }
   __m256i b[4], c[2];
-  for (int i = 0; i < 4; ++i) {  // 128-bit lane h of b[i] = block 2i + h
-    b[i] = _mm256_max_epu16(_mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x20),
-                            _mm256_permute2x128_si256(a[2 * i], a[2 * i + 1], 0x31));
+  for (int i = 0; i < 4; ++i) {  // words: blocks 2i, 2i + 1, 2i, 2i + 1, ...
+    b[i] = _mm256_max_epu16(_mm256_unpacklo_epi16(a[2 * i], a[2 * i + 1]),
+                            _mm256_unpackhi_epi16(a[2 * i], a[2 * i + 1]));
   }
-  for (int i = 0; i < 2; ++i) {  // lane h of c[i]: qwords [block 4i + h, block 4i + 2 + h]
-    c[i] = _mm256_max_epu16(_mm256_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
-                            _mm256_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+  for (int i = 0; i < 2; ++i) {  // words: blocks 4i .. 4i + 3, twice
+    c[i] = _mm256_max_epu16(_mm256_unpacklo_epi32(b[2 * i], b[2 * i + 1]),
+                            _mm256_unpackhi_epi32(b[2 * i], b[2 * i + 1]));
   }
-  const __m256 c0 = _mm256_castsi256_ps(c[0]), c1 = _mm256_castsi256_ps(c[1]);
-  // lane h, dword j: block 2j + h (two u16 partials)
-  __m256i d = _mm256_max_epu16(_mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0x88)),
-                               _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, 0xDD)));
-  d = _mm256_max_epu16(d, _mm256_srli_epi32(d, 16));
-  d = _mm256_permutevar8x32_epi32(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  return _mm256_slli_epi32(d, 16);
+  // words: blocks 0 .. 7, the max over one 128-bit lane of each
+  const __m256i d = _mm256_max_epu16(_mm256_unpacklo_epi64(c[0], c[1]),
+                                     _mm256_unpackhi_epi64(c[0], c[1]));
+  const __m128i m = _mm_max_epu16(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+  return _mm256_slli_epi32(_mm256_cvtepu16_epi32(m), 16);
 }
 
-// Blocks [0, nblk) (nblk <= 8, all full) of 32 contiguous bf16 each.
+// The 32 codes of the block at x (bf16) with their signs, for the scale s: bytes in the order
+// of _mm256_packus_epi16 of its halves (elements 0-7, 16-23 | 8-15, 24-31).
+template <class F, bool kSaturate>
+inline __m256i block_codes(const uint16_t* x, const Scale& s) {
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  __m256i c0, c1;
+  encode32<F, kSaturate>(_mm256_and_si256(x0, set16(0x7FFF)), _mm256_and_si256(x1, set16(0x7FFF)),
+                         s, &c0, &c1);
+  // Signed saturation keeps each x's sign in bit 7 of its byte; moved to F's sign bit.
+  __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
+  if constexpr (F::bits != 8) sign = _mm256_srli_epi16(sign, 8 - F::bits);
+  return _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign);
+}
+
+// Stores one block's codes (bytes in block_codes' order) in F's packed storage (`spill`: see
+// store_block).
 template <class F>
-inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
-  __m256i k;
+inline void store_codes(__m256i codes, uint8_t* out, bool spill) {
+  if constexpr (F::bits == 4) {
+    // u16 lane = c0 | c1 << 8 -> byte c0 + 16 c1 (a multiply-add); the dwords of the 128-bit
+    // lanes' low halves are bytes 0-7, 16-23 | 8-15, 24-31 of the block
+    __m256i t = _mm256_maddubs_epi16(codes, set16(1 | 16 << 8));
+    t = _mm256_packus_epi16(t, t);
+    t = _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(t));
+  } else {
+    store_block<F>(_mm256_permute4x64_epi64(codes, 0xD8), out, spill);
+  }
+}
+
+// Stores two consecutive blocks' codes (as store_codes; for FP4, one pack and one permute).
+template <class F>
+inline void store_codes2(__m256i codes0, __m256i codes1, uint8_t* out, bool spill) {
+  if constexpr (F::bits == 4) {
+    const __m256i pairs = set16(1 | 16 << 8);
+    const __m256i t = _mm256_packus_epi16(_mm256_maddubs_epi16(codes0, pairs),
+                                          _mm256_maddubs_epi16(codes1, pairs));
+    // dwords: block 0 bytes 0-3, 8-11, block 1 bytes 0-3, 8-11 | 4-7, 12-15, 4-7, 12-15
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  } else {
+    store_codes<F>(codes0, out, true);
+    store_codes<F>(codes1, out + block_storage<F>(32), spill);
+  }
+}
+
+// 8 i32 lanes, saturated to bytes, to out.
+inline void store_bytes8(__m256i v, uint8_t* out) {
+  v = _mm256_packus_epi32(v, v);
+  v = _mm256_packus_epi16(v, v);  // dword 0 of each 128-bit lane: lanes 0-3 | 4-7
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out),
+                   _mm_unpacklo_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+// The Scales of 8 blocks, for broadcasting block i's: Scale's u16 fields in both halves of
+// u32 lane i, and sub_lo = sub_hi.
+struct GroupScales {
+  alignas(32) int32_t normal[8], offset[8], quarter[8], three_quarters[8];
+  alignas(32) float sub[8];
+};
+
+// From the encoders' scale bytes (i32 lanes).
+template <class F>
+inline void set_group_scales(__m256i byte, GroupScales* g) {
+  Scale s;
+  set_integer_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
+  auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
+  if constexpr (F::bits == 4) {
+    store(g->offset, s.offset);
+    store(g->quarter, s.quarter);
+    store(g->three_quarters, s.three_quarters);
+  } else {
+    store(g->normal, s.normal);
+    if constexpr (F::bits == 8) store(g->offset, s.offset);
+    _mm256_store_ps(g->sub, subnormal_mul<F>(byte));
+  }
+}
+
+template <class F>
+inline Scale block_scale(const GroupScales& g, int i) {
+  Scale s;
+  if constexpr (F::bits == 4) {
+    s.offset = set32(g.offset[i]);
+    s.quarter = set32(g.quarter[i]);
+    s.three_quarters = set32(g.three_quarters[i]);
+  } else {
+    s.normal = set32(g.normal[i]);
+    if constexpr (F::bits == 8) s.offset = set32(g.offset[i]);
+    s.sub_lo = s.sub_hi = _mm256_set1_ps(g.sub[i]);
+  }
+  return s;
+}
+
+// A group of up to 8 blocks with its scales computed: their Scales, and a bit per block
+// that the scalar path must do.
+struct Group {
+  GroupScales scales;
   int slow;
-  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &k, &slow);
-  alignas(32) int32_t bytes[8], k7[8];
-  alignas(32) float sub[8];  // the Scale of block i: k7[i] and sub[i] in every lane
-  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), byte);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(k7), _mm256_slli_epi32(k, 7));
-  _mm256_store_ps(sub, subnormal_mul<F>(k));
+};
+
+// Computes the scales of blocks [0, nblk) (nblk <= 8, all full) of 32 bf16 at x, and stores
+// their scale bytes.
+template <class F>
+__attribute__((always_inline)) inline void prepare_group(const uint16_t* x, int nblk,
+                                                         int32_t mode, uint8_t* scales,
+                                                         Group* g) {
+  __m256i enc;
+  const __m256i byte = scales8<F>(amax8(x, nblk), mode, &enc, &g->slow);
+  set_group_scales<F>(enc, &g->scales);
+  if (nblk == 8) {
+    store_bytes8(byte, scales);
+  } else {
+    uint8_t bytes[8];
+    store_bytes8(byte, bytes);
+    for (int i = 0; i < nblk; ++i) scales[i] = bytes[i];
+  }
+}
+
+// Encodes the blocks of a prepared group (kSaturate: see encode16); the scalar path does
+// its slow blocks, scale bytes included.
+template <class F, bool kSaturate>
+__attribute__((always_inline)) inline void encode_group(const uint16_t* x, int nblk,
+                                                        int32_t mode, const Group& g,
+                                                        uint8_t* data, uint8_t* scales) {
   constexpr int64_t bs = block_storage<F>(32);
+  if (nblk == 8 && g.slow == 0) {  // the common case, unrolled
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+      store_codes2<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g.scales, i)),
+                      block_codes<F, kSaturate>(x + 32 * i + 32, block_scale<F>(g.scales, i + 1)),
+                      data + bs * i, i < 6);
+    }
+    return;
+  }
   for (int i = 0; i < nblk; ++i) {
-    if ((slow >> i) & 1) {
+    if ((g.slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
       uint8_t codes[32];
       scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
-      for (int g = 0; g < 32 / F::group_codes; ++g) {
-        pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
+      for (int j = 0; j < 32 / F::group_codes; ++j) {
+        pack_group<F>(codes + j * F::group_codes, 1, data + bs * i + j * F::group_bytes, 1);
       }
       continue;
     }
-    scales[i] = uint8_t(bytes[i]);
-    const Scale sc = {set16(k7[i]), _mm256_set1_ps(sub[i]), _mm256_set1_ps(sub[i])};
-    const __m256i* p = reinterpret_cast<const __m256i*>(x + 32 * i);
-    const __m256i lo = encode16<F>(_mm256_loadu_si256(p), sc);
-    const __m256i hi = encode16<F>(_mm256_loadu_si256(p + 1), sc);
-    store_block<F>(code_bytes(lo, hi), data + bs * i);
+    store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g.scales, i)),
+                   data + bs * i, i + 1 < nblk);
+  }
+}
+
+// Blocks [b0, end) (all full) of a row of bf16 in groups of 8, each group's scales computed
+// while the group before it is encoded (its amax pass and scale arithmetic would otherwise
+// wait for the encoding to drain).
+template <class F, bool kSaturate>
+inline void row_groups(const uint16_t* x, int64_t b0, int64_t end, int32_t mode, uint8_t* data,
+                       uint8_t* scales) {
+  constexpr int64_t bs = block_storage<F>(32);
+  Group g[2];
+  int64_t b = b0;
+  if (b + 8 <= end) prepare_group<F>(x + 32 * b, 8, mode, scales + b, &g[0]);
+  for (int cur = 0; b + 8 <= end; b += 8, cur ^= 1) {
+    if (b + 16 <= end) prepare_group<F>(x + 32 * (b + 8), 8, mode, scales + b + 8, &g[cur ^ 1]);
+    // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
+    // registers it stored, two shuffles each).
+    asm("" : "+m"(g[cur]));
+    encode_group<F, kSaturate>(x + 32 * b, 8, mode, g[cur], data + bs * b, scales + b);
+  }
+  if (b < end) {
+    const int nblk = int(end - b);
+    prepare_group<F>(x + 32 * b, nblk, mode, scales + b, &g[0]);
+    asm("" : "+m"(g[0]));
+    encode_group<F, kSaturate>(x + 32 * b, nblk, mode, g[0], data + bs * b, scales + b);
   }
 }
 
@@ -215,10 +270,10 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
                           uint8_t* data, uint8_t* scales) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
-  constexpr int64_t bs = block_storage<F>(32);
-  for (int64_t b = b0; b < end; b += 8) {
-    const int nblk = int(end - b < 8 ? end - b : 8);
-    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+  if (mode == kRceil) {
+    row_groups<F, false>(x, b0, end, mode, data, scales);
+  } else {
+    row_groups<F, true>(x, b0, end, mode, data, scales);
   }
   return b0 > end ? b0 : end;
 }
@@ -249,16 +304,16 @@ inline void store16(__m128i v, uint8_t* out, bool stream) {
 // (see encode16); false where a block needs the scalar path.
 template <class F>
 inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, bool stream) {
-  __m256i klo, khi;
+  __m256i elo, ehi;
   int slo, shi;
   const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(amax)), 16);
   const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(amax, 1)), 16);
-  const __m256i blo = scales8<F>(lo, mode, &klo, &slo);
-  const __m256i bhi = scales8<F>(hi, mode, &khi, &shi);
+  const __m256i blo = scales8<F>(lo, mode, &elo, &slo);
+  const __m256i bhi = scales8<F>(hi, mode, &ehi, &shi);
   const __m256i b16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
   const __m256i b8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(b16, b16), 0x08);
   store16(_mm256_castsi256_si128(b8), scales, stream);
-  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(klo, khi), 0xD8));
+  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(elo, ehi), 0xD8));
   return (slo | shi) == 0;
 }
 
@@ -277,8 +332,13 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s
                          int64_t dld, bool stream) {
   __m256i c[F::group_codes];
   for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode16<F>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld)), s)
-                    : _mm256_setzero_si256();
+    if (i < rows) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld));
+      c[i] = _mm256_or_si256(encode16_any<F, true>(_mm256_and_si256(v, set16(0x7FFF)), s),
+                             sign16<F>(v));
+    } else {
+      c[i] = _mm256_setzero_si256();
+    }
   }
   if constexpr (F::bits == 8) {
     store_bytes16(c[0], out, stream);

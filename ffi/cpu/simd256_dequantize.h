@@ -76,6 +76,48 @@ inline __m256i decode16(__m256i c, __m256i e7) {
   return _mm256_or_si256(v, _mm256_slli_epi16(_mm256_srli_epi16(c, F::bits - 1), 15));
 }
 
+// bf16 bits of decode(code) for the 16 FP4 codes (sign included; values have at most 2
+// significant bits, so bf16 holds them exactly).
+struct Fp4Table {
+  uint16_t bits[16] = {};
+  constexpr Fp4Table() {
+    for (int c = 0; c < 16; ++c) {
+      const int ef = (c >> 1) & 3, man = c & 1;
+      const int mag = ef != 0 ? (ef + 127 - E2M1::bias) << 7 | man << 6 : man != 0 ? 0x3F00 : 0;
+      bits[c] = uint16_t((c & 8) << 12 | mag);  // 0x3F00: 0.5, the one subnormal
+    }
+  }
+};
+
+// FP4 block of 32 codes at src, scale 2^e (e7 = e << 7 in u16 lanes, every value normal) ->
+// bf16 bits of elements 0-15 (*lo) and 16-31 (*hi). A table of decode(code) * 2^e (the
+// exponent field moved by e but for the zeros) is looked up by the codes, its low and high
+// bytes apart (_mm256_shuffle_epi8 indexes 16 bytes).
+inline void decode_fp4_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256i* hi) {
+  static constexpr Fp4Table kTable{};
+  const __m256i nonzero = _mm256_setr_epi16(0, -1, -1, -1, -1, -1, -1, -1, 0, -1, -1, -1, -1,
+                                            -1, -1, -1);
+  __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable.bits));
+  t = _mm256_add_epi16(t, _mm256_and_si256(e7, nonzero));
+  // 128-bit lane h: low bytes of entries 8h .. 8h + 7, then their high bytes
+  t = _mm256_shuffle_epi8(t, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13,
+                                              15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11,
+                                              13, 15));
+  const __m256i table_lo = _mm256_permute4x64_epi64(t, 0x88);  // entries 0-15, both lanes
+  const __m256i table_hi = _mm256_permute4x64_epi64(t, 0xDD);
+  // Code bytes: lane 0 codes 0-7, 16-23 (storage bytes 0-3, 8-11), lane 1 codes 8-15, 24-31.
+  const __m256i b = _mm256_permutevar8x32_epi32(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))),
+      _mm256_setr_epi32(0, 2, 0, 0, 1, 3, 1, 1));
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i codes = _mm256_unpacklo_epi8(_mm256_and_si256(b, nibble),
+                                             _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble));
+  const __m256i vlo = _mm256_shuffle_epi8(table_lo, codes);
+  const __m256i vhi = _mm256_shuffle_epi8(table_hi, codes);
+  *lo = _mm256_unpacklo_epi8(vlo, vhi);
+  *hi = _mm256_unpackhi_epi8(vlo, vhi);
+}
+
 // Whether every value of a block with scale byte s is a normal bf16 (and s is not NaN).
 template <class F>
 constexpr bool dequantize_in_range(int s) {
@@ -192,8 +234,13 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
       continue;
     }
     const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
-    const __m256i lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
-    const __m256i hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
+    __m256i lo, hi;
+    if constexpr (F::bits == 4) {
+      decode_fp4_block(src, e7, &lo, &hi);
+    } else {
+      lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
+      hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
+    }
     store16<Out>(lo, dst);
     store16<Out>(hi, dst + 16);
   }

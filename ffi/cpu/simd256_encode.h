@@ -1,0 +1,205 @@
+// AVX2 element encoders for bf16 inputs (16 lanes of 16 bits) and the scale bytes of 8 blocks
+// from their amax: the parts of simd256.h's rowwise and columnwise quantize that compute.
+// Bit-exact with quantize.h's templates for the blocks they take (scales8 marks the others).
+//
+// Elements are encoded from the bf16 bits: with e the block's exponent and k = bias - (e +
+// 127), v = |x| * 2^-e has the bits of |x| with its exponent field lowered by e, and the
+// element's biased exponent of v is exp(x) + k. `normal` below is the bf16 bits of 2^(emin +
+// e), the smallest |x| that is an element normal; it is a normal bf16 for every byte the
+// encoders take (min_byte).
+#ifndef MXJAX_CPU_SIMD256_ENCODE_H_
+#define MXJAX_CPU_SIMD256_ENCODE_H_
+
+#if defined(__AVX2__)
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "mxjax/quantize.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd256 {
+
+inline __m256i set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
+inline __m256i set32(int32_t v) { return _mm256_set1_epi32(v); }
+
+// The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
+// an element normal (byte > bias), and 2^(k + man + 126) to be a finite f32.
+template <class F>
+constexpr int32_t min_simd_byte() {
+  return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
+}
+
+// The smallest scale byte this file's encoders take: min_simd_byte, and for FP4 one more
+// (encode16_fp4 compares |x| with 2^(e - 2), a normal bf16 from byte bias + 2 on).
+template <class F>
+constexpr int32_t min_byte() {
+  return F::bits == 4 ? F::bias + 2 : min_simd_byte<F>();
+}
+
+// What the encoders need of the scales of a vector's lanes, u16 lanes but for sub_*:
+struct Scale {
+  __m256i normal;  // bf16 bits of 2^(emin + e)
+  __m256i offset;  // encode16_fp4: normal - 31; encode16_normal: normal - 128 - (2^(6 - man) - 1)
+  __m256i quarter, three_quarters;  // encode16_fp4: normal - 256, normal - 65
+  // encode16: 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order of
+  // _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15)
+  __m256 sub_lo, sub_hi;
+};
+
+// Scale's integer fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit
+// ones): normal = (byte + 1 - bias) << 7, the exponent field of 2^(emin + e) being byte + 1 -
+// bias; the offsets from it.
+template <class F>
+inline void set_integer_fields(__m256i byte, Scale* s) {
+  const __m256i b7 = _mm256_slli_epi16(byte, 7);
+  const int normal = (1 - F::bias) * 128;
+  s->normal = _mm256_add_epi16(b7, set16(normal));
+  s->offset = _mm256_add_epi16(
+      b7, set16(normal - (F::bits == 4 ? 31 : 128 + (1 << (6 - F::man_bits)) - 1)));
+  s->quarter = _mm256_add_epi16(b7, set16(normal - 256));
+  s->three_quarters = _mm256_add_epi16(b7, set16(normal - 65));
+}
+
+// 2^(k + man + 126) as f32 for scale bytes in i32 lanes (k = bias - byte).
+template <class F>
+inline __m256 subnormal_mul(__m256i byte) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(set32(F::bias + F::man_bits + 253), byte), 23));
+}
+
+// The Scale of 16 lanes from their scale bytes (i16 lanes).
+template <class F>
+inline Scale scale_of(__m256i byte16) {
+  const __m256i z = _mm256_setzero_si256();
+  Scale s;
+  set_integer_fields<F>(byte16, &s);
+  s.sub_lo = subnormal_mul<F>(_mm256_unpacklo_epi16(byte16, z));
+  s.sub_hi = subnormal_mul<F>(_mm256_unpackhi_epi16(byte16, z));
+  return s;
+}
+
+// 16 |x| (bf16 bits ax) -> 16 magnitude codes in u16 lanes, for the scales s. With j =
+// max(0, exponent(v) - emin), code = (j << man) + RNE(v * 2^(man - emin - j)), the second
+// term in [0, 2^(man + 1)] (j = 0: the element subnormals; j > 0: the normals, whose rounding
+// may carry into the exponent). v * 2^(man - emin - j) is x with its exponent lowered by j
+// (j << 7 = ax - normal, whole binades, where ax >= normal), times 2^(k + man + 126): exact
+// in f32 (underflow only where the code is 0 anyway), rounded to an integer by the float ->
+// int conversion (round to nearest even). kSaturate: clamp to max_code (RCEIL scales never
+// need it: their v <= max).
+template <class F, bool kSaturate>
+inline __m256i encode16(__m256i ax, const Scale& s) {
+  constexpr int c = 7 - F::man_bits;
+  const __m256i j7 = _mm256_and_si256(_mm256_subs_epu16(ax, s.normal), set16(0xFF80));
+  const __m256i xj = _mm256_sub_epi16(ax, j7);
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i lo = _mm256_cvtps_epi32(
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, xj)), s.sub_lo));
+  const __m256i hi = _mm256_cvtps_epi32(
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, xj)), s.sub_hi));
+  const __m256i code = _mm256_add_epi16(_mm256_packs_epi32(lo, hi), _mm256_srli_epi16(j7, c));
+  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+}
+
+// encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals):
+// m = ax - normal + 128 is v's bits in a bf16-like layout with the element's exponent field,
+// rounded to nearest even by integer adds and a shift (the carry goes into the exponent);
+// zero lanes saturate to 0.
+template <class F, bool kSaturate>
+inline __m256i encode16_normal(__m256i ax, const Scale& s) {
+  constexpr int c = 7 - F::man_bits;
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, c), set16(1));
+  const __m256i code = _mm256_srli_epi16(_mm256_add_epi16(_mm256_subs_epu16(ax, s.offset), odd), c);
+  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+}
+
+// encode16 for FP4 (one mantissa bit), in integers: with d = ax - normal (>= 0: the element
+// normals, whose bits relative to the smallest normal are d), RNE(max(d, 0) >> 6) is the
+// code minus 2 for the normals and 0 below; the subnormal codes are counted in by comparing v
+// with the rounding boundaries 0.25 (ties to 0) and 0.75 (ties to 1.0, code 2).
+template <class F, bool kSaturate>
+inline __m256i encode16_fp4(__m256i ax, const Scale& s) {
+  static_assert(F::bits == 4 && F::man_bits == 1);
+  // max(d, 0) + 31 + (bit 6 of d, which is ax's: normal is whole binades), shifted by 6
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, 6), set16(1));
+  const __m256i r = _mm256_srli_epi16(
+      _mm256_add_epi16(_mm256_max_epi16(_mm256_sub_epi16(ax, s.offset), set16(31)), odd), 6);
+  // comparisons are -1 where true
+  const __m256i code = _mm256_sub_epi16(_mm256_sub_epi16(r, _mm256_cmpgt_epi16(ax, s.quarter)),
+                                        _mm256_cmpgt_epi16(ax, s.three_quarters));
+  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+}
+
+// Nonzero where a lane of ax (either vector) is in (0, normal): encode16_normal does not do it.
+inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal) {
+  const __m256i one = set16(1);
+  const __m256i low = _mm256_min_epu16(_mm256_sub_epi16(ax0, one), _mm256_sub_epi16(ax1, one));
+  return _mm256_subs_epu16(_mm256_sub_epi16(normal, one), low);
+}
+
+// The magnitude codes of two vectors of 16 lanes (ax0, ax1) with the same scales: FP4 by
+// encode16_fp4, FP8 by encode16_normal where it can (a predictable branch), else encode16.
+template <class F, bool kSaturate>
+inline void encode32(__m256i ax0, __m256i ax1, const Scale& s, __m256i* c0, __m256i* c1) {
+  if constexpr (F::bits == 4) {
+    *c0 = encode16_fp4<F, kSaturate>(ax0, s);
+    *c1 = encode16_fp4<F, kSaturate>(ax1, s);
+    return;
+  } else if constexpr (F::bits == 8) {
+    const __m256i below = below_normal(ax0, ax1, s.normal);
+    if (_mm256_testz_si256(below, below)) {
+      *c0 = encode16_normal<F, kSaturate>(ax0, s);
+      *c1 = encode16_normal<F, kSaturate>(ax1, s);
+      return;
+    }
+  }
+  *c0 = encode16<F, kSaturate>(ax0, s);
+  *c1 = encode16<F, kSaturate>(ax1, s);
+}
+
+// The magnitude codes of one vector of 16 lanes ax (as encode32).
+template <class F, bool kSaturate>
+inline __m256i encode16_any(__m256i ax, const Scale& s) {
+  if constexpr (F::bits == 4) {
+    return encode16_fp4<F, kSaturate>(ax, s);
+  } else if constexpr (F::bits == 8) {
+    const __m256i below = below_normal(ax, ax, s.normal);
+    if (_mm256_testz_si256(below, below)) return encode16_normal<F, kSaturate>(ax, s);
+  }
+  return encode16<F, kSaturate>(ax, s);
+}
+
+// The sign of x (bf16 bits) at F's sign bit of a code in u16 lanes.
+template <class F>
+inline __m256i sign16(__m256i x) {
+  return _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)), set16(1 << (F::bits - 1)));
+}
+
+// Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes), in i32 lanes: exponent
+// field - emax (+1 for RCEIL where the significand is above max's: adding 2^24 - 1 - max_sig
+// carries into the exponent field exactly then); at most 253 for a finite amax, below
+// min_byte for the tiny ones, negative for zero blocks (a saturating pack stores their 0).
+// *enc gets the bytes the encoders use, max(byte, min_byte) (zero blocks: any byte the
+// encoders take encodes zeros as zero). Returns in *slow a bit per block that the scalar
+// path must do (NaN / Inf, or nonzero with byte < min_byte), whose bytes are undefined.
+template <class F>
+inline __m256i scales8(__m256i a, int32_t mode, __m256i* enc, int* slow) {
+  const int32_t round = (mode == kRceil ? 0xFFFFFF - int32_t(F::max_sig) : 0) - (F::emax << 23);
+  const __m256i byte = _mm256_srai_epi32(_mm256_add_epi32(a, set32(round)), 23);
+  const __m256i zero = _mm256_cmpeq_epi32(a, _mm256_setzero_si256());
+  const __m256i nan = _mm256_cmpgt_epi32(a, set32(int32_t(kF32Inf) - 1));  // a < 2^31
+  const __m256i tiny = _mm256_sub_epi32(byte, set32(min_byte<F>()));  // sign bit
+  *slow = _mm256_movemask_ps(
+      _mm256_castsi256_ps(_mm256_or_si256(nan, _mm256_andnot_si256(zero, tiny))));
+  *enc = _mm256_max_epi32(byte, set32(min_byte<F>()));
+  return byte;
+}
+
+}  // namespace simd256
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // __AVX2__
+#endif  // MXJAX_CPU_SIMD256_ENCODE_H_
