@@ -208,14 +208,17 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
                                                           _mm512_set1_epi32(0xFFFF))));
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
-  for (int i = 0; i < nblk; i += P) {
+  auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
     __m512i c[P];
     for (int j = 0; j < P; ++j) {
-      const int b = i + j < nblk ? i + j : i;  // past nblk: any block (not stored)
+      const int b = j < live ? i + j : i;  // past live: any block (not stored)
       c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(k7[b])});
     }
-    store_blocks<F>(c, nblk - i < P ? nblk - i : P, data + bs * i);
-  }
+    store_blocks<F>(c, live, data + bs * i);
+  };
+  int i = 0;
+  for (; i + P <= nblk; i += P) encode_chunk(i, P);
+  if (i < nblk) encode_chunk(i, nblk - i);
   for (; slow; slow &= slow - 1) {
     const int i = __builtin_ctz(slow);
     uint8_t codes[32];
