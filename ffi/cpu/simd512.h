@@ -45,20 +45,25 @@ constexpr int32_t min_simd_byte() {
 constexpr int32_t kZeroBlockK = -128;
 
 // What encode32 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
-// k << 7 in u16 lanes.
+// (k << 7) + 2^(6 - man) - 1 in u16 lanes (k << 7 moves |x|'s exponent to v's; the rest is
+// the rounding bias of encode32).
 struct Scale {
-  __m512i k7;
+  __m512i bias;
 };
 
 template <class F>
+constexpr int16_t kRoundBias = (1 << (6 - F::man_bits)) - 1;
+
+template <class F>
 inline Scale scale_of(__m512i k16) {
-  return {_mm512_slli_epi16(k16, 7)};
+  return {_mm512_add_epi16(_mm512_slli_epi16(k16, 7), _mm512_set1_epi16(kRoundBias<F>))};
 }
 
-// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. m = |x| + k7 is
-// v's bits in a bf16-like layout whose exponent field is eb = exp(x) + k (-253 <= eb <= 253,
-// so m fits an int16). Lanes in the element's normal range (eb >= 1, m >= 128) have
-// code = RNE(m >> (7 - man)), which carries into the exponent by itself. Element subnormals
+// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. m = |x| + (k << 7)
+// is v's bits in a bf16-like layout whose exponent field is eb = exp(x) + k (-253 <= eb <=
+// 253, so m fits an int16). Lanes in the element's normal range (eb >= 1, m >= 128) have
+// code = RNE(m >> c) (c = 7 - man), which carries into the exponent by itself:
+// (m + 2^(c - 1) - 1 + odd) >> c, where odd is bit c of m, that of |x|. Element subnormals
 // (eb <= 0) have code = RNE(v * 2^(man - emin)): w = m + (man + 126) << 7 is that value as a
 // bf16 (exact where eb >= -man; lower eb round to 0 anyway, and a w that went negative gives
 // 0 through the unsigned saturation), rounded to an integer by the f32 -> int conversion
@@ -67,17 +72,16 @@ template <class F>
 inline __m512i encode32(__m512i x, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  const __m512i m = _mm512_add_epi16(ax, s.k7);
-  const __mmask32 normal = _mm512_cmpge_epi16_mask(m, _mm512_set1_epi16(128));
-  // RNE(m >> c) = (m + 2^(c - 1) - 1 + odd) >> c; bit c of m is that of |x| (k7 & 127 == 0)
+  const __m512i mr = _mm512_add_epi16(ax, s.bias);  // m + 2^(c - 1) - 1
+  const __mmask32 normal = _mm512_cmpge_epi16_mask(mr, _mm512_set1_epi16(128 + kRoundBias<F>));
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(ax, c), _mm512_set1_epi16(1));
-  const __m512i r = _mm512_srli_epi16(
-      _mm512_add_epi16(_mm512_add_epi16(m, _mm512_set1_epi16((1 << (c - 1)) - 1)), odd), c);
+  const __m512i r = _mm512_srli_epi16(_mm512_add_epi16(mr, odd), c);
   const __m512i max_code = _mm512_set1_epi16(int16_t(F::max_code));
   __m512i code;
   // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
   if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
-    const __m512i w = _mm512_add_epi16(m, _mm512_set1_epi16((F::man_bits + 126) << 7));
+    const __m512i w =
+        _mm512_add_epi16(mr, _mm512_set1_epi16(((F::man_bits + 126) << 7) - kRoundBias<F>));
     const __m512i z = _mm512_setzero_si512();
     const __m512i lo = _mm512_cvtps_epi32(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w)));
     const __m512i hi = _mm512_cvtps_epi32(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w)));
@@ -201,18 +205,18 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
   __m512i byte = scales16<F>(amax16(x, nblk), mode, &k, &slow);
   const __mmask16 live = __mmask16((1u << nblk) - 1);
   _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
-  // The Scale of block i: k7 in both u16 halves of u32 lane i (broadcast below).
-  alignas(64) int32_t k7[16];
-  _mm512_store_si512(k7, _mm512_or_si512(_mm512_slli_epi32(k, 23),
-                                         _mm512_and_si512(_mm512_slli_epi32(k, 7),
-                                                          _mm512_set1_epi32(0xFFFF))));
+  // The Scale of block i in both u16 halves of u32 lane i (broadcast below).
+  alignas(64) int32_t bias[16];
+  const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7), _mm512_set1_epi32(kRoundBias<F>));
+  _mm512_store_si512(bias, _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                                           _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
   auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
     __m512i c[P];
     for (int j = 0; j < P; ++j) {
       const int b = j < live ? i + j : i;  // past live: any block (not stored)
-      c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(k7[b])});
+      c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(bias[b])});
     }
     store_blocks<F>(c, live, data + bs * i);
   };
