@@ -51,16 +51,38 @@ namespace simd = simd512;
 namespace simd = simd256;
 #endif
 
+// Whether the rows' SIMD path updates a column tile's strip amax from its own loads
+// (quantize_2x), and that amax's type.
+#ifdef MXJAX_HAVE_SIMD_ROWS
+using StripAmax = simd::Vec;
+#else
+struct StripAmax {};
+#endif
+#ifdef MXJAX_HAVE_SIMD512
+constexpr bool kRowsTakeStripAmax = true;
+#else
+constexpr bool kRowsTakeStripAmax = false;
+#endif
+
 // Rowwise blocks [b0, b1) of one contiguous row of n inputs (as quantize_row): the SIMD
-// level's bf16 / block-32 path where there is one, quantize_row for the rest.
+// level's bf16 / block-32 path where there is one, quantize_row for the rest. col_amax
+// (where kRowsTakeStripAmax; null otherwise): the amax of the column strips that the row's
+// full blocks from b0 on lie in, updated with their |x| (see col_tile_bf16).
 template <class F, class In>
 void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int block,
-              int32_t mode, uint8_t* data, uint8_t* scales) {
+              int32_t mode, uint8_t* data, uint8_t* scales, StripAmax* col_amax = nullptr) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
   if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales);
+    if (block == 32) {
+      if constexpr (kRowsTakeStripAmax) {
+        b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales, col_amax);
+      } else {
+        b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales);
+      }
+    }
   }
 #endif
+  (void)col_amax;
   if (b0 < b1) quantize_row<F, In>(x, n, b0, b1, block, mode, data, scales);
 }
 
@@ -68,8 +90,9 @@ void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int bl
 // streaming stores (stream.h). Staging rounds are aligned to kStage blocks of the row.
 template <class F, class In>
 void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int block,
-             int32_t mode, uint8_t* data, uint8_t* scales, bool stream) {
-  if (!stream) return row_span<F, In>(x, n, b0, b1, block, mode, data, scales);
+             int32_t mode, uint8_t* data, uint8_t* scales, bool stream,
+             StripAmax* col_amax = nullptr) {
+  if (!stream) return row_span<F, In>(x, n, b0, b1, block, mode, data, scales, col_amax);
   constexpr int64_t kStage = 64;
   alignas(64) uint8_t sdata[kStage * block_storage<F>(kMaxBlock)];
   alignas(64) uint8_t sscales[kStage];
@@ -77,7 +100,8 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
   const int64_t storage = ceil_div(n, F::group_codes) * F::group_bytes;
   for (int64_t b = b0; b < b1;) {
     const int64_t e = min64(b1, (b / kStage + 1) * kStage);
-    row_span<F, In>(x + b * block, n - b * block, 0, e - b, block, mode, sdata, sscales);
+    row_span<F, In>(x + b * block, n - b * block, 0, e - b, block, mode, sdata, sscales,
+                    col_amax ? col_amax + (b - b0) : nullptr);
     stream_copy(data + b * bs, sdata, min64(e * bs, storage) - b * bs);
     stream_copy(scales + b, sscales, e - b);
     b = e;
@@ -88,9 +112,10 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
 // Columnwise quantize of a bf16 / block-32 tile (layout as in quantize_cols), columns
 // [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
 // L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
-// path for strips that need it and the columns past the last strip. on_row(r) runs first
-// in the amax pass (quantize_2x encodes the row there, while it is in L1). `stream`: the
-// strips' data and scales go out with streaming stores (whole lines: see col_stream).
+// path for strips that need it and the columns past the last strip. on_row(r, amax) runs
+// first in the amax pass (quantize_2x encodes the row there, while it is in L1); where it
+// returns true it has updated the strips' amax with row r itself. `stream`: the strips' data
+// and scales go out with streaming stores (whole lines: see col_stream).
 template <class F, class OnRow>
 void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
                    uint8_t* data, uint8_t* scales, bool stream, OnRow on_row) {
@@ -108,7 +133,7 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
       const char* next = reinterpret_cast<const char*>(x + r * ld + c1);
       for (int64_t b = 0; b < (c1 - c0) * 2; b += 64) __builtin_prefetch(next + b);
     }
-    on_row(r);
+    if (on_row(r, amax)) continue;
     for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
   }
   uint64_t scalar = 0;
@@ -134,8 +159,9 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 }
 #endif
 
-// One column tile (as quantize_cols), on_row(r) called for each row first: the SIMD level's
-// bf16 / block-32 path where there is one, quantize_cols otherwise.
+// One column tile (as quantize_cols), on_row(r, amax) called for each row first (amax: see
+// col_tile_bf16; null elsewhere): the SIMD level's bf16 / block-32 path where there is one,
+// quantize_cols otherwise.
 template <class F, class In, class OnRow>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
               int32_t mode, uint8_t* data, uint8_t* scales, bool stream, OnRow on_row) {
@@ -148,7 +174,7 @@ void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t
 #else
   (void)stream;
 #endif
-  for (int r = 0; r < rows; ++r) on_row(r);
+  for (int r = 0; r < rows; ++r) on_row(r, nullptr);
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
 
@@ -185,7 +211,8 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                      p.scales + (t.o * nb + t.j) * p.inner, stream, [](int) {});
+                      p.scales + (t.o * nb + t.j) * p.inner, stream,
+                      [](int, StripAmax*) { return false; });
     }
   });
   if (p.stream) stream_fence();
@@ -209,10 +236,15 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
-      auto row = [&](int r) {  // rowwise blocks of the tile's row r
+      // Rowwise blocks of the tile's row r; the strips' amax too where this level's rows take
+      // it (their full blocks are the tile's strips: c0 is a multiple of the block).
+      auto row = [&](int r, StripAmax* amax) {
+        const bool take = kRowsTakeStripAmax && amax && block == 32 &&
+                          std::is_same_v<In, BF16>;
         row_out<F, In>(x + (r0 + r) * p.k, p.k, t.c0 / block, ceil_div(t.c1, block), block,
                        p.mode, p.row_data + (r0 + r) * sk, p.row_scales + (r0 + r) * nbk,
-                       p.stream);
+                       p.stream, take ? amax : nullptr);
+        return take;
       };
       col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream,
                       row);

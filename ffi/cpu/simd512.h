@@ -164,13 +164,15 @@ inline void store_blocks(const __m512i* c, int live, uint8_t* out) {
   }
 }
 
-// Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b.
-inline __m512i amax16(const uint16_t* x, int nblk) {
+// Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b. With
+// col_amax, also updates the column strips' amax col_amax[b] with the |x| of block b.
+inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
   __m512i a[16];
   for (int i = 0; i < 16; ++i) {
     a[i] = i < nblk ? _mm512_and_si512(_mm512_loadu_si512(x + 32 * i), abs)
                     : _mm512_setzero_si512();
+    if (col_amax && i < nblk) col_amax[i] = _mm512_max_epu16(col_amax[i], a[i]);
   }
   __m512i b[8], c4[4], d[2];
   for (int i = 0; i < 8; ++i) {
@@ -196,13 +198,13 @@ inline __m512i amax16(const uint16_t* x, int nblk) {
 }
 
 // Blocks [0, nblk) (nblk <= 16, all full) of 32 contiguous bf16 each: the SIMD encode of
-// every block, then the scalar path for the blocks that need it.
+// every block, then the scalar path for the blocks that need it (col_amax: see amax16).
 template <class F>
 inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
+                      uint8_t* scales, __m512i* col_amax) {
   __m512i k;
   __mmask16 slow;
-  __m512i byte = scales16<F>(amax16(x, nblk), mode, &k, &slow);
+  __m512i byte = scales16<F>(amax16(x, nblk, col_amax), mode, &k, &slow);
   const __mmask16 live = __mmask16((1u << nblk) - 1);
   _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
   // The Scale of block i in both u16 halves of u32 lane i (broadcast below).
@@ -234,17 +236,19 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
 }
 
 // Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 16; returns the
-// first block not done (the caller finishes [that, b1) with quantize_row).
+// first block not done (the caller finishes [that, b1) with quantize_row). With col_amax,
+// also updates col_amax[b - b0] with the |x| of each full block b (a column tile's strips).
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
-                          uint8_t* data, uint8_t* scales) {
+                          uint8_t* data, uint8_t* scales, __m512i* col_amax = nullptr) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
   constexpr int64_t bs = block_storage<F>(32);
   int64_t b = b0;
   for (; b < end; b += 16) {
     int nblk = int(end - b < 16 ? end - b : 16);
-    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b,
+                 col_amax ? col_amax + (b - b0) : nullptr);
   }
   (void)b;
   return b0 > end ? b0 : end;
