@@ -197,21 +197,31 @@ inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
   return _mm512_slli_epi32(e, 16);
 }
 
-// Blocks [0, nblk) (nblk <= 16, all full) of 32 contiguous bf16 each: the SIMD encode of
-// every block, then the scalar path for the blocks that need it (col_amax: see amax16).
+// Blocks of a row_chunk: its scales are all found before its first encode, so that the
+// latency of one group's amax -> scale chain overlaps the others' work.
+constexpr int kChunkBlocks = 64;
+
+// Blocks [0, nblk) (nblk <= kChunkBlocks, all full) of 32 contiguous bf16 each: the scales in
+// groups of 16, the SIMD encode of every block, then the scalar path for the blocks that
+// need it (col_amax: see amax16).
 template <class F>
-inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
+inline void row_chunk(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
                       uint8_t* scales, __m512i* col_amax) {
-  __m512i k;
-  __mmask16 slow;
-  __m512i byte = scales16<F>(amax16(x, nblk, col_amax), mode, &k, &slow);
-  const __mmask16 live = __mmask16((1u << nblk) - 1);
-  _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
-  // The Scale of block i in both u16 halves of u32 lane i (broadcast below).
-  alignas(64) int32_t bias[16];
-  const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7), _mm512_set1_epi32(kRoundBias<F>));
-  _mm512_store_si512(bias, _mm512_or_si512(_mm512_slli_epi32(b16, 16),
-                                           _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
+  alignas(64) int32_t bias[kChunkBlocks];  // block b's Scale, in both u16 halves
+  uint64_t slow = 0;
+  for (int g = 0; g < nblk; g += 16) {
+    const int live = nblk - g < 16 ? nblk - g : 16;
+    __m512i k;
+    __mmask16 s;
+    const __m512i a = amax16(x + 32 * g, live, col_amax ? col_amax + g : nullptr);
+    const __m512i byte = scales16<F>(a, mode, &k, &s);
+    _mm512_mask_cvtepi32_storeu_epi8(scales + g, __mmask16((1u << live) - 1), byte);
+    const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
+                                         _mm512_set1_epi32(kRoundBias<F>));
+    _mm512_store_si512(bias + g, _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                                                 _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
+    slow |= uint64_t(s) << g;
+  }
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
   auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
@@ -226,7 +236,7 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
   for (; i + P <= nblk; i += P) encode_chunk(i, P);
   if (i < nblk) encode_chunk(i, nblk - i);
   for (; slow; slow &= slow - 1) {
-    const int i = __builtin_ctz(slow);
+    const int i = __builtin_ctzll(slow);
     uint8_t codes[32];
     scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
     for (int g = 0; g < 32 / F::group_codes; ++g) {
@@ -235,22 +245,21 @@ inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
   }
 }
 
-// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 16; returns the
-// first block not done (the caller finishes [that, b1) with quantize_row). With col_amax,
-// also updates col_amax[b - b0] with the |x| of each full block b (a column tile's strips).
+// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in chunks of kChunkBlocks;
+// returns the first block not done (the caller finishes [that, b1) with quantize_row). With
+// col_amax, also updates col_amax[b - b0] with the |x| of each full block b (a column tile's
+// strips).
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
                           uint8_t* data, uint8_t* scales, __m512i* col_amax = nullptr) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
   constexpr int64_t bs = block_storage<F>(32);
-  int64_t b = b0;
-  for (; b < end; b += 16) {
-    int nblk = int(end - b < 16 ? end - b : 16);
-    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b,
+  for (int64_t b = b0; b < end; b += kChunkBlocks) {
+    const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
+    row_chunk<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b,
                  col_amax ? col_amax + (b - b0) : nullptr);
   }
-  (void)b;
   return b0 > end ? b0 : end;
 }
 
