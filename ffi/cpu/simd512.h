@@ -201,64 +201,71 @@ inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
 // latency of one group's amax -> scale chain overlaps the others' work.
 constexpr int kChunkBlocks = 64;
 
-// Blocks [0, nblk) (nblk <= kChunkBlocks, all full) of 32 contiguous bf16 each: the scales in
-// groups of 16, the SIMD encode of every block, then the scalar path for the blocks that
-// need it (col_amax: see amax16).
+// Blocks [0, nblk) (all full, 32 contiguous bf16 each) of `rows` rows `ld` apart, their
+// data `dld` and scales `sld` apart (rows * nblk <= kChunkBlocks): the scales in groups of up
+// to 16, the SIMD encode of every block, then the scalar path for the blocks that need it.
+// col_amax: see amax16 (block j of every row updates col_amax[j]).
 template <class F>
-inline void row_chunk(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
-                      uint8_t* scales, __m512i* col_amax) {
-  alignas(64) int32_t bias[kChunkBlocks];  // block b's Scale, in both u16 halves
-  uint64_t slow = 0;
-  for (int g = 0; g < nblk; g += 16) {
-    const int live = nblk - g < 16 ? nblk - g : 16;
-    __m512i k;
-    __mmask16 s;
-    const __m512i a = amax16(x + 32 * g, live, col_amax ? col_amax + g : nullptr);
-    const __m512i byte = scales16<F>(a, mode, &k, &s);
-    _mm512_mask_cvtepi32_storeu_epi8(scales + g, __mmask16((1u << live) - 1), byte);
-    const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
-                                         _mm512_set1_epi32(kRoundBias<F>));
-    _mm512_store_si512(bias + g, _mm512_or_si512(_mm512_slli_epi32(b16, 16),
-                                                 _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
-    slow |= uint64_t(s) << g;
+inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                      uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld,
+                      __m512i* col_amax) {
+  alignas(64) int32_t bias[kChunkBlocks + 16];  // block r, j's Scale (at r * nblk + j), both u16
+  uint64_t slow = 0;  // bit r * nblk + j
+  for (int r = 0; r < rows; ++r) {
+    for (int g = 0; g < nblk; g += 16) {
+      const int live = nblk - g < 16 ? nblk - g : 16;
+      __m512i k;
+      __mmask16 s;
+      const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
+      const __m512i byte = scales16<F>(a, mode, &k, &s);
+      _mm512_mask_cvtepi32_storeu_epi8(scales + r * sld + g, __mmask16((1u << live) - 1), byte);
+      const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
+                                           _mm512_set1_epi32(kRoundBias<F>));
+      _mm512_storeu_si512(bias + r * nblk + g,
+                          _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                                          _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
+      slow |= uint64_t(s) << (r * nblk + g);
+    }
   }
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
-  auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
-    __m512i c[P];
-    for (int j = 0; j < P; ++j) {
-      const int b = j < live ? i + j : i;  // past live: any block (not stored)
-      c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(bias[b])});
-    }
-    store_blocks<F>(c, live, data + bs * i);
-  };
-  int i = 0;
-  for (; i + P <= nblk; i += P) encode_chunk(i, P);
-  if (i < nblk) encode_chunk(i, nblk - i);
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ld;
+    const int32_t* br = bias + r * nblk;
+    auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
+      __m512i c[P];
+      for (int j = 0; j < P; ++j) {
+        const int b = j < live ? i + j : i;  // past live: any block (not stored)
+        c[j] = encode32<F>(_mm512_loadu_si512(xr + 32 * b), {_mm512_set1_epi32(br[b])});
+      }
+      store_blocks<F>(c, live, data + r * dld + bs * i);
+    };
+    int i = 0;
+    for (; i + P <= nblk; i += P) encode_chunk(i, P);
+    if (i < nblk) encode_chunk(i, nblk - i);
+  }
   for (; slow; slow &= slow - 1) {
-    const int i = __builtin_ctzll(slow);
+    const int i = __builtin_ctzll(slow), r = i / nblk, j = i % nblk;
     uint8_t codes[32];
-    scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
+    scales[r * sld + j] = quantize_block<F, BF16, 32>(x + r * ld + 32 * j, mode, codes);
     for (int g = 0; g < 32 / F::group_codes; ++g) {
-      pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
+      pack_group<F>(codes + g * F::group_codes, 1, data + r * dld + bs * j + g * F::group_bytes,
+                    1);
     }
   }
 }
 
 // Rowwise blocks [b0, b1) of a row of n bf16: the full ones in chunks of kChunkBlocks;
-// returns the first block not done (the caller finishes [that, b1) with quantize_row). With
-// col_amax, also updates col_amax[b - b0] with the |x| of each full block b (a column tile's
-// strips).
+// returns the first block not done (the caller finishes [that, b1) with quantize_row).
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
-                          uint8_t* data, uint8_t* scales, __m512i* col_amax = nullptr) {
+                          uint8_t* data, uint8_t* scales) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
   constexpr int64_t bs = block_storage<F>(32);
   for (int64_t b = b0; b < end; b += kChunkBlocks) {
     const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
-    row_chunk<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b,
-                 col_amax ? col_amax + (b - b0) : nullptr);
+    row_chunk<F>(x + 32 * b, 0, 1, nblk, mode, data + bs * b, 0, scales + b, 0, nullptr);
   }
   return b0 > end ? b0 : end;
 }
