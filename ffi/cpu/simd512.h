@@ -74,8 +74,8 @@ inline __m512i encode32(__m512i x, const Scale& s) {
   const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
   const __m512i mr = _mm512_add_epi16(ax, s.bias);  // m + 2^(c - 1) - 1
   const __mmask32 normal = _mm512_cmpge_epi16_mask(mr, _mm512_set1_epi16(128 + kRoundBias<F>));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(ax, c), _mm512_set1_epi16(1));
-  const __m512i r = _mm512_srli_epi16(_mm512_add_epi16(mr, odd), c);
+  const __mmask32 odd = _mm512_test_epi16_mask(ax, _mm512_set1_epi16(1 << c));
+  const __m512i r = _mm512_srli_epi16(_mm512_mask_add_epi16(mr, odd, mr, _mm512_set1_epi16(1)), c);
   const __m512i max_code = _mm512_set1_epi16(int16_t(F::max_code));
   __m512i code;
   // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
