@@ -25,6 +25,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 #include "mxjax/quantize.h"
 #include "simd256.h"
@@ -122,45 +123,62 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   return byte;
 }
 
-// Blocks of F packed together (store_blocks): 64 output bytes for FP8 / FP4, 48 for FP6.
+// Blocks of F packed together (store_blocks): whole 64-byte lines (3 for FP6), so that
+// row_out's staging buffer is read back from stores that hold each line whole (a load that
+// spans several smaller stores in flight waits for them to retire).
 template <class F>
-constexpr int kPackBlocks = F::bits == 4 ? 4 : 2;
+constexpr int kPackBlocks = F::bits == 4 ? 4 : F::bits == 6 ? 8 : 2;
 
 // Stores the codes (u16 lanes) of kPackBlocks<F> consecutive blocks, of which the first
 // `live` are written, in F's packed storage at out.
 template <class F>
 inline void store_blocks(const __m512i* c, int live, uint8_t* out) {
-  __m512i v;
+  constexpr int kLines = F::bits == 6 ? 3 : 1;
+  __m512i v[kLines];
   if constexpr (F::bits == 8) {  // lane q: [block 0 bytes 8q.., block 1 bytes 8q..]
-    v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                 _mm512_packus_epi16(c[0], c[1]));
+    v[0] = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                    _mm512_packus_epi16(c[0], c[1]));
   } else if constexpr (F::bits == 4) {
     // dword = c0 + 16 c1 (a multiply-add), then dwords -> bytes: dword j of lane q holds
     // block j's bytes 4q..4q + 3
     const __m512i nib = _mm512_set1_epi32(1 | 16 << 16);
     __m512i d[4];
     for (int i = 0; i < 4; ++i) d[i] = _mm512_madd_epi16(c[i], nib);
-    v = _mm512_packus_epi16(_mm512_packus_epi32(d[0], d[1]), _mm512_packus_epi32(d[2], d[3]));
-    v = _mm512_permutexvar_epi32(
-        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
+    v[0] = _mm512_packus_epi16(_mm512_packus_epi32(d[0], d[1]), _mm512_packus_epi32(d[2], d[3]));
+    v[0] = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v[0]);
   } else {
-    // p = c0 + 64 c1 (12 bits, u32 lanes), the lanes regrouped so that each 128-bit lane holds
-    // 8 consecutive p of one block, then p + 4096 p' (24 bits: one 3-byte group per u32)
-    const __m512i p0 = _mm512_madd_epi16(c[0], _mm512_set1_epi32(1 | 64 << 16));
-    const __m512i p1 = _mm512_madd_epi16(c[1], _mm512_set1_epi32(1 | 64 << 16));
-    v = _mm512_packus_epi32(_mm512_shuffle_i64x2(p0, p1, 0x88), _mm512_shuffle_i64x2(p0, p1, 0xDD));
-    v = _mm512_madd_epi16(v, _mm512_set1_epi32(1 | 4096 << 16));
+    // For each pair of blocks: p = c0 + 64 c1 (12 bits, u32 lanes), the lanes regrouped so
+    // that each 128-bit lane holds 8 consecutive p of one block, then p + 4096 p' (24 bits:
+    // one 3-byte group per u32), its 3 bytes to the front: 12 bytes in u32 lanes 0-2 of each
+    // 128-bit lane. Then the pairs' 12 x 16 valid u32 into 3 lines.
     const __m512i pick = _mm512_broadcast_i32x4(
         _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1));
-    v = _mm512_permutexvar_epi32(
-        _mm512_setr_epi32(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 3, 7, 11, 15),
-        _mm512_shuffle_epi8(v, pick));
+    __m512i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i p0 = _mm512_madd_epi16(c[2 * i], _mm512_set1_epi32(1 | 64 << 16));
+      const __m512i p1 = _mm512_madd_epi16(c[2 * i + 1], _mm512_set1_epi32(1 | 64 << 16));
+      __m512i g = _mm512_packus_epi32(_mm512_shuffle_i64x2(p0, p1, 0x88),
+                                      _mm512_shuffle_i64x2(p0, p1, 0xDD));
+      g = _mm512_madd_epi16(g, _mm512_set1_epi32(1 | 4096 << 16));
+      q[i] = _mm512_shuffle_epi8(g, pick);
+    }
+    // valid u32 k of a pair (k < 12) is u32 k + k / 3 of q; 16 + j: u32 j of the second source
+    v[0] = _mm512_permutex2var_epi32(
+        q[0], _mm512_setr_epi32(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20), q[1]);
+    v[1] = _mm512_permutex2var_epi32(
+        q[1], _mm512_setr_epi32(5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25), q[2]);
+    v[2] = _mm512_permutex2var_epi32(
+        q[2], _mm512_setr_epi32(10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30),
+        q[3]);
   }
-  constexpr int bs = int(block_storage<F>(32));
-  if (bs * kPackBlocks<F> == 64 && live == kPackBlocks<F>) {
-    _mm512_storeu_si512(out, v);
-  } else {
-    _mm512_mask_storeu_epi8(out, ~0ull >> (64 - bs * live), v);
+  constexpr int kBlockBytes = int(block_storage<F>(32));
+  if (live == kPackBlocks<F>) {
+    for (int i = 0; i < kLines; ++i) _mm512_storeu_si512(out + 64 * i, v[i]);
+  } else {  // a ragged end of a row: rare
+    alignas(64) uint8_t lines[64 * kLines];
+    for (int i = 0; i < kLines; ++i) _mm512_store_si512(lines + 64 * i, v[i]);
+    std::memcpy(out, lines, size_t(kBlockBytes * live));
   }
 }
 
@@ -218,7 +236,11 @@ inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t
       __mmask16 s;
       const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
       const __m512i byte = scales16<F>(a, mode, &k, &s);
-      _mm512_mask_cvtepi32_storeu_epi8(scales + r * sld + g, __mmask16((1u << live) - 1), byte);
+      if (live == 16) {  // a plain store where it can (see kPackBlocks)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + r * sld + g), _mm512_cvtepi32_epi8(byte));
+      } else {
+        _mm512_mask_cvtepi32_storeu_epi8(scales + r * sld + g, __mmask16((1u << live) - 1), byte);
+      }
       const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
                                            _mm512_set1_epi32(kRoundBias<F>));
       _mm512_storeu_si512(bias + r * nblk + g,
