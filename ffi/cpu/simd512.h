@@ -1,4 +1,4 @@
-// AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise groups of up to 16 blocks
+// AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise chunks of up to 64 blocks
 // and 32-column strips of a column tile. Host only; included by kernels.cc in the TU built
 // with -mavx512bw. Bit-exact with the templates of quantize.h, which handle everything
 // these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
@@ -7,8 +7,9 @@
 // moves the exponent, so v's exponent is exp(x) - e and its significand is x's; with
 // k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
-// below, a float multiply and conversion (encode32). Blocks with scale bytes below
-// simd256::min_simd_byte (and NaN / Inf blocks) go to the scalar path.
+// below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
+// -> int conversion (encode32). Blocks with scale bytes below min_simd_byte (and NaN / Inf
+// blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 
@@ -236,10 +237,11 @@ inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t
       __mmask16 s;
       const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
       const __m512i byte = scales16<F>(a, mode, &k, &s);
+      uint8_t* out = scales + r * sld + g;
       if (live == 16) {  // a plain store where it can (see kPackBlocks)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + r * sld + g), _mm512_cvtepi32_epi8(byte));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(byte));
       } else {
-        _mm512_mask_cvtepi32_storeu_epi8(scales + r * sld + g, __mmask16((1u << live) - 1), byte);
+        _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), byte);
       }
       const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
                                            _mm512_set1_epi32(kRoundBias<F>));
