@@ -1,5 +1,5 @@
-"""A whole training step of the sweep's LM, MX recipes against bf16, in the same run; and
-the fixed cost of one FFI kernel call.
+"""A whole training step of the sweep's LM, MX recipes against bf16, in the same run; the
+fixed cost of one FFI kernel call; and of one eager (un-jitted) mxjax op.
 
   python benchmarks/step.py                    # the sweep's default LM (d_model 128, ...)
   python benchmarks/step.py --d-model 256 --layers 4 --seq-len 256 --batch-size 32
@@ -12,6 +12,8 @@ noisy neighbour slows all of them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15.
 The FFI cost: one jitted program with `--calls` independent quantize calls on tiny inputs
 against the same program with one call; the difference per extra call is what a kernel
 call costs beyond its work (custom-call dispatch, attribute decoding, the thread pool).
+The eager cost: `mxjax.quantize` and `dequantize` called outside `jit` on the same tiny
+input, against an eager jnp op.
 """
 
 from __future__ import annotations
@@ -76,6 +78,15 @@ def ffi_call_cost(calls: int, shape=(16, 128), reps: int = 9) -> tuple[float, fl
   return per("ffi"), per("xla")
 
 
+def eager_call_cost(shape=(16, 128), reps: int = 51) -> dict:
+  """Seconds per eager call on `shape`: {"quantize", "dequantize", "jnp multiply"}."""
+  x = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(jnp.bfloat16)
+  q = quantize(x, "e4m3")
+  fns = {"quantize": lambda x: quantize(x, "e4m3").data, "dequantize": lambda x: q.dequantize(),
+         "jnp multiply": lambda x: x * 2}
+  return interleaved_medians(fns, x, reps=reps)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   defaults = model_lib.ModelConfig()
@@ -111,6 +122,9 @@ def main(argv=None):
   ffi, xla = ffi_call_cost(args.calls)
   print(f"fixed cost per call on a [16, 128] bf16 input: FFI quantize {ffi * 1e6:.1f} us, "
         f"XLA elementwise op {xla * 1e6:.1f} us ({args.calls} calls in one program)")
+  eager = eager_call_cost()
+  print("eager call on a [16, 128] bf16 input: " +
+        ", ".join(f"{name} {sec * 1e6:.1f} us" for name, sec in eager.items()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 // The nanobind extension mxjax._mxjax_ffi: FFI handler capsules and build facts.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "cpu/handlers.h"
 #include "cpu/kernels.h"
@@ -41,6 +44,20 @@ NB_MODULE(_mxjax_ffi, m) {
 #endif
     return d;
   }, "{target name: capsule} of the CUDA (platform \"CUDA\") handlers; empty without CUDA.");
+
+  m.def("runnable_simd", []() {
+    const char* names[3];
+    nb::list levels;
+    for (int i = 0, n = mxjax::cpu::runnable_simd(names); i < n; ++i) levels.append(names[i]);
+    return levels;
+  }, "The CPU kernel levels this build and CPU run under the MXJAX_SIMD cap, narrowest first.");
+
+  m.def("set_simd", [](const std::string& level) {
+    if (!mxjax::cpu::set_simd(level.c_str())) {
+      throw nb::value_error(("CPU kernel level '" + level + "' is not one this build and CPU "
+                             "run under the MXJAX_SIMD cap").c_str());
+    }
+  }, nb::arg("level"), "Makes `level` the CPU kernel level of the calls that start after this.");
 
   m.def("build_info", []() {
     nb::dict d;

@@ -8,6 +8,7 @@ target does not make the ops use it: `mxjax.backend` decides per platform.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 
@@ -39,3 +40,22 @@ def build_info() -> dict:
   """What the extension was built with: {"cpu": bool, "cuda": bool, "simd": level in use
   ("avx512" / "avx2" / "scalar"), "simd_compiled": [levels], "sanitize": bool, "compiler": str}."""
   return dict(_extension().build_info())
+
+
+def runnable_simd() -> tuple[str, ...]:
+  """The CPU kernel levels this build and CPU run under the MXJAX_SIMD cap, narrowest first
+  (a subset of ("scalar", "avx2", "avx512"))."""
+  return tuple(_extension().runnable_simd())
+
+
+def set_simd(level: str) -> None:
+  """Makes `level` (one of runnable_simd()) the CPU kernel level of every kernel call that
+  starts after this, in this process; build_info()["simd"] reports it. For tests and
+  benchmarks: computations already dispatched (jax runs them asynchronously) may run at
+  either level, so wait for their results first. Raises ValueError for other levels."""
+  if level not in runnable_simd():
+    cap = os.environ.get("MXJAX_SIMD")
+    raise ValueError(f"CPU kernel level {level!r} is not one this build and CPU run: "
+                     f"{runnable_simd()}" + (f" (MXJAX_SIMD={cap!r} caps them)" if cap else ""))
+  _extension().set_simd(level)
+

@@ -118,7 +118,7 @@ def _quantize_op(fmt, block_size: int, mode, axis: int):
     del axis_size, in_batched
     return _quantize_op(fmt, block_size, mode, axis + 1)(x), (True, True)
 
-  return op
+  return jax.jit(op)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +149,7 @@ def _quantize_2x_op(fmt, block_size: int, mode):
     del axis_size, in_batched
     return op(x), (True,) * 4  # batch axes lead; the kernel's axes count from the end
 
-  return op
+  return jax.jit(op)
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,7 +184,7 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
                     for a, b in zip((data, scales), in_batched))
     return _dequantize_op(fmt, block_size, axis + 1, length, dtype)(data, scales), True
 
-  return op
+  return jax.jit(op)
 
 
 # ---------------------------------------------------------------------------------------

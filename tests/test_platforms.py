@@ -1,6 +1,6 @@
 """Every path gives the same bits: the plain-XLA path against the FFI kernels (separate
-processes, MXJAX_KERNELS=xla / auto), and the exactness suite under every CPU kernel level
-this machine can execute (MXJAX_SIMD=scalar / avx2 / avx512)."""
+processes, MXJAX_KERNELS=xla / auto). The CPU kernel level: MXJAX_SIMD caps it per process,
+mxjax._ffi.set_simd switches it in process (test_quantize_exact.py runs at every level)."""
 
 from __future__ import annotations
 
@@ -15,22 +15,17 @@ import pytest
 
 import mxjax
 from conftest import child_env
-from mxjax import backend
+from mxjax import _ffi, backend
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SIMD_LEVELS = backend.SIMD_LEVELS
 MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
 
 
-def _run(args, timeout: int, **env) -> subprocess.CompletedProcess:
-  """Runs `python args...` (in tests/, importing this process's mxjax) with extra
-  environment variables."""
-  return _run_together([(args, env)], timeout)[0]
-
-
 def _run_together(runs, timeout: int) -> list[subprocess.CompletedProcess]:
-  """Runs each `(args, env)` of `runs` as in `_run`, all at once (each child is mostly one
-  thread: compiling and the oracle), and checks that every one succeeded."""
+  """Runs each `(args, env)` of `runs` as `python args...` (in tests/, importing this
+  process's mxjax, with env's extra variables), all at once, and checks that every one
+  succeeded."""
   children = [(subprocess.Popen([sys.executable, *args], cwd=TESTS, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=child_env(**env)),
                args, env) for args, env in runs]
@@ -66,28 +61,42 @@ def test_xla_path_equals_ffi_kernels_in_separate_processes(tmp_path):
   assert not differ, f"{len(differ)} results differ, e.g. {differ[:5]}"
 
 
-def _level_in_effect(level: str) -> str:
-  proc = _run(["-c", "from mxjax import _ffi; print(_ffi.build_info()['simd'])"], 120,
-              MXJAX_SIMD=level)
-  return proc.stdout.strip()
+@needs_cpu_kernels
+def test_simd_cap_picks_the_level_of_a_process():
+  """MXJAX_SIMD caps the levels a process runs, from its start. (test_quantize_exact.py runs
+  its whole suite at every level this process runs, switched in process.)"""
+  levels = _ffi.runnable_simd()
+  assert levels[0] == "scalar" and set(levels) <= set(SIMD_LEVELS)
+  assert _ffi.build_info()["simd"] == levels[-1]  # the widest, uncapped
+  code = "from mxjax import _ffi; print(_ffi.build_info()['simd'], *_ffi.runnable_simd())"
+  procs = _run_together([(["-c", code], {"MXJAX_SIMD": level}) for level in levels], 300)
+  for i, (level, proc) in enumerate(zip(levels, procs)):
+    assert proc.stdout.split() == [level, *levels[:i + 1]], (level, proc.stdout)
 
 
 @needs_cpu_kernels
-def test_exactness_suite_at_every_simd_level():
-  """tests/test_quantize_exact.py in one process per level this CPU runs besides its
-  default (which that file covers in this process), all at once. The skip reason or the
-  assertion message says which levels ran here."""
-  default = mxjax.backend_info()["build"]["simd"]
-  in_effect = {level: _level_in_effect(level) for level in SIMD_LEVELS if level != default}
-  levels = [level for level, ran in in_effect.items() if ran == level]
-  if not levels:
-    pytest.skip(f"this CPU or build runs only its default level {default} "
-                f"(MXJAX_SIMD=level runs: {in_effect})")
-  suite = ["-m", "pytest", "-q", "-p", "no:cacheprovider",
-           os.path.join(TESTS, "test_quantize_exact.py")]
-  procs = _run_together([(suite, {"MXJAX_SIMD": level}) for level in levels], 1800)
-  for level, proc in zip(levels, procs):
-    assert " passed" in proc.stdout and "failed" not in proc.stdout, (level, proc.stdout)
+def test_set_simd_switches_the_level_in_process():
+  before = _ffi.build_info()["simd"]
+  x = jnp.linspace(-3, 3, 64 * 96, dtype=jnp.float32).reshape(64, 96).astype(jnp.bfloat16)
+  want = [np.asarray(t) for t in jax.tree.leaves(mxjax.quantize_2x(x, "e3m2"))]
+  try:
+    for level in _ffi.runnable_simd():
+      _ffi.set_simd(level)
+      assert _ffi.build_info()["simd"] == level
+      assert level in mxjax.backend_info()["ops"]["quantize"]
+      got = jax.tree.leaves(mxjax.quantize_2x(x, "e3m2"))
+      assert len(got) == len(want) == 4
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    with pytest.raises(ValueError, match=r"'avx-512' is not one this build and CPU run"):
+      _ffi.set_simd("avx-512")
+  finally:
+    _ffi.set_simd(before)
+  proc = subprocess.run([sys.executable, "-c", "from mxjax import _ffi; _ffi.set_simd('avx2')"],
+                        cwd=TESTS, capture_output=True, text=True, timeout=120,
+                        env=child_env(MXJAX_SIMD="scalar"))
+  assert proc.returncode != 0 and "'avx2' is not one" in proc.stderr
+  assert "MXJAX_SIMD='scalar' caps" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------

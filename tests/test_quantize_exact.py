@@ -2,7 +2,8 @@
 
 Data and scales are compared as uint8 bit patterns; dequantized values bit for bit with NaN
 positions equal. Exhaustive cases (all 65,536 bf16 / f16 bit patterns, special blocks) go
-through one call per format x scale mode x dtype; hypothesis covers shapes and axes.
+through one call per format x scale mode x dtype; hypothesis covers shapes and axes. Every
+test runs at each CPU kernel level this machine runs (the `simd_level` fixture).
 """
 
 from __future__ import annotations
@@ -19,9 +20,30 @@ from hypothesis import given, strategies as st
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
                       all_f16_patterns, assert_same_floats, bits_of, every_code_under_every_scale,
                       f32_patterns, float_arrays, shapes_and_axes, special_blocks)
-from mxjax import formats, reference
+from mxjax import _ffi, backend, formats, reference
 from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, quantize, quantize_2x
+
+
+def _kernel_levels() -> tuple[str | None, ...]:
+  """The CPU kernel levels to run this file at: every one this build and CPU run where the
+  ops use the CPU kernels; (None,) (the level does not matter) where they use plain XLA."""
+  if "cpu" not in backend.built_platforms() or "cpu" not in backend.ffi_platforms():
+    return (None,)
+  return _ffi.runnable_simd()
+
+
+@pytest.fixture(scope="module", autouse=True, params=_kernel_levels())
+def simd_level(request):
+  """Every test of this file runs at each level (mxjax._ffi.set_simd), in this process: the
+  programs compiled at the first level serve the others, whose runs differ in the kernels."""
+  if request.param is None:
+    yield None
+    return
+  before = _ffi.build_info()["simd"]
+  _ffi.set_simd(request.param)
+  yield request.param
+  _ffi.set_simd(before)
 
 
 def u8(a) -> np.ndarray:

@@ -74,8 +74,17 @@ const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
 
-// The best level this CPU runs (MXJAX_SIMD=scalar|avx2|avx512 asks for a lower one).
+// The level in use: the best this CPU runs (MXJAX_SIMD=scalar|avx2|avx512 caps it) until
+// set_simd() picks another.
 const Kernels& kernels();
+
+// Writes the names of the levels this build and CPU run under the MXJAX_SIMD cap (at most
+// 3, narrowest first) to levels; returns how many.
+int runnable_simd(const char** levels);
+
+// Makes the named level the one in use for the calls that start after it; false (and no
+// change) where the level is not runnable. Calls already dispatched may run at either level.
+bool set_simd(const char* name);
 
 }  // namespace mxjax::cpu
 
