@@ -93,7 +93,9 @@ def _varying_like(ffi_fn, args):
 
 # ---------------------------------------------------------------------------------------
 # The three kernel calls, each with its batching rule. Static arguments select a cached
-# op, so vmap's rule can ask for the same op one axis further in.
+# op, so vmap's rule can ask for the same op one axis further in. Each op is jitted: an
+# eager call then reuses the compiled program (tracing the stack below costs ~30 ms a call),
+# and inside another jit it is inlined.
 
 
 @functools.lru_cache(maxsize=None)
