@@ -1,4 +1,4 @@
-// AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise groups of up to 16 blocks
+// AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise chunks of up to 64 blocks
 // and 32-column strips of a column tile. Host only; included by kernels.cc in the TU built
 // with -mavx512bw. Bit-exact with the templates of quantize.h, which handle everything
 // these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
@@ -7,8 +7,9 @@
 // moves the exponent, so v's exponent is exp(x) - e and its significand is x's; with
 // k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
-// below, a float multiply and conversion (encode32). Blocks with scale bytes below
-// simd256::min_simd_byte (and NaN / Inf blocks) go to the scalar path.
+// below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
+// -> int conversion (encode32). Blocks with scale bytes below min_simd_byte (and NaN / Inf
+// blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 
@@ -25,6 +26,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 #include "mxjax/quantize.h"
 #include "simd256.h"
@@ -33,58 +35,61 @@ namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd512 {
 
-// k (= bias - scale byte) for an all-zero block: drives every code to zero (sign kept).
-constexpr int16_t kZeroBlockK = -256;
+// The smallest scale byte encode32 takes (k = bias - byte <= -(man + 1)): a zero or
+// bf16-subnormal x then has v < 2^(emin - man - 1) (code 0) in both of its paths, and x is a
+// normal bf16 wherever v is an element normal.
+template <class F>
+constexpr int32_t min_simd_byte() {
+  return F::bias + F::man_bits + 1;
+}
+
+// k (= bias - scale byte) for an all-zero block: any k <= -(man + 1) makes zero codes.
+constexpr int32_t kZeroBlockK = -128;
 
 // What encode32 needs of the scales of a vector's lanes (k = bias - scale byte per lane):
-// k << 7 in u16 lanes, and 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order
-// of _mm512_unpacklo / hi_epi16.
+// (k << 7) + 2^(6 - man) - 1 in u16 lanes (k << 7 moves |x|'s exponent to v's; the rest is
+// the rounding bias of encode32).
 struct Scale {
-  __m512i k7;
-  __m512 sub_lo, sub_hi;
+  __m512i bias;
 };
 
-// 2^(k + man + 126) as f32 for k in i32 lanes (clamped to a normal f32 for zero blocks).
 template <class F>
-inline __m512 subnormal_mul(__m512i k) {
-  const __m512i e = _mm512_max_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(F::man_bits + 253)),
-                                     _mm512_set1_epi32(1));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-}
+constexpr int16_t kRoundBias = (1 << (6 - F::man_bits)) - 1;
 
 template <class F>
 inline Scale scale_of(__m512i k16) {
-  return {_mm512_slli_epi16(k16, 7),
-          subnormal_mul<F>(_mm512_srai_epi32(_mm512_unpacklo_epi16(k16, k16), 16)),
-          subnormal_mul<F>(_mm512_srai_epi32(_mm512_unpackhi_epi16(k16, k16), 16))};
+  return {_mm512_add_epi16(_mm512_slli_epi16(k16, 7), _mm512_set1_epi16(kRoundBias<F>))};
 }
 
-
-// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. Lanes in the
-// element's normal range (eb >= 1): v's bits in a bf16-like layout whose exponent field is
-// eb are m = |x| + (k << 7) (eb <= 253 and eb >= -253, so m fits an int16, and eb >= 1 iff
-// m >= 128), and code = RNE(m >> (7 - man)) carries into the exponent by itself. Element
-// subnormals: RNE(v * 2^(man - emin)) = RNE(|x| * 2^(k + man + 126)), exact in f32, rounded
-// to an integer by the float -> int conversion (round to nearest even).
+// 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. m = |x| + (k << 7)
+// is v's bits in a bf16-like layout whose exponent field is eb = exp(x) + k (-253 <= eb <=
+// 253, so m fits an int16). Lanes in the element's normal range (eb >= 1, m >= 128) have
+// code = RNE(m >> c) (c = 7 - man), which carries into the exponent by itself:
+// (m + 2^(c - 1) - 1 + odd) >> c, where odd is bit c of m, that of |x|. Element subnormals
+// (eb <= 0) have code = RNE(v * 2^(man - emin)): w = m + (man + 126) << 7 is that value as a
+// bf16 (exact where eb >= -man; lower eb round to 0 anyway, and a w that went negative gives
+// 0 through the unsigned saturation), rounded to an integer by the f32 -> int conversion
+// (round to nearest even).
 template <class F>
 inline __m512i encode32(__m512i x, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
-  const __m512i m = _mm512_add_epi16(ax, s.k7);
-  const __mmask32 normal = _mm512_cmpge_epi16_mask(m, _mm512_set1_epi16(128));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(m, c), _mm512_set1_epi16(1));
-  const __m512i r = _mm512_srli_epi16(
-      _mm512_add_epi16(_mm512_add_epi16(m, _mm512_set1_epi16((1 << (c - 1)) - 1)), odd), c);
-  __m512i code = _mm512_maskz_min_epu16(normal, r, _mm512_set1_epi16(int16_t(F::max_code)));
-  const __mmask32 subnormal = ~normal & _mm512_test_epi16_mask(ax, ax);
+  const __m512i mr = _mm512_add_epi16(ax, s.bias);  // m + 2^(c - 1) - 1
+  const __mmask32 normal = _mm512_cmpge_epi16_mask(mr, _mm512_set1_epi16(128 + kRoundBias<F>));
+  const __mmask32 odd = _mm512_test_epi16_mask(ax, _mm512_set1_epi16(1 << c));
+  const __m512i r = _mm512_srli_epi16(_mm512_mask_add_epi16(mr, odd, mr, _mm512_set1_epi16(1)), c);
+  const __m512i max_code = _mm512_set1_epi16(int16_t(F::max_code));
+  __m512i code;
   // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
-  if (F::bits != 8 || subnormal) {
+  if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
+    const __m512i w =
+        _mm512_add_epi16(mr, _mm512_set1_epi16(((F::man_bits + 126) << 7) - kRoundBias<F>));
     const __m512i z = _mm512_setzero_si512();
-    const __m512i lo = _mm512_cvtps_epi32(
-        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, ax)), s.sub_lo));
-    const __m512i hi = _mm512_cvtps_epi32(
-        _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, ax)), s.sub_hi));
-    code = _mm512_mask_mov_epi16(code, subnormal, _mm512_packs_epi32(lo, hi));
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w)));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w)));
+    code = _mm512_mask_min_epu16(_mm512_packus_epi32(lo, hi), normal, r, max_code);
+  } else {
+    code = _mm512_maskz_min_epu16(normal, r, max_code);
   }
   const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
   // code | (sign & signbit)
@@ -110,7 +115,7 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   __m512i byte = _mm512_maskz_add_epi32(~zero, e, _mm512_set1_epi32(127));
   const __mmask16 nan = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(int32_t(kF32Inf)));
   byte = _mm512_mask_mov_epi32(byte, nan, _mm512_set1_epi32(0xFF));
-  const __m512i min_byte = _mm512_set1_epi32(simd256::min_simd_byte<F>());
+  const __m512i min_byte = _mm512_set1_epi32(min_simd_byte<F>());
   const __mmask16 tiny = _mm512_cmplt_epi32_mask(byte, min_byte) |
                          _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
   *slow = nan | (tiny & ~zero);
@@ -119,19 +124,74 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   return byte;
 }
 
-// Stores the 32 codes of one block (u16 lanes) in F's packed storage.
+// Blocks of F packed together (store_blocks): whole 64-byte lines (3 for FP6), so that
+// row_out's staging buffer is read back from stores that hold each line whole (a load that
+// spans several smaller stores in flight waits for them to retire).
 template <class F>
-inline void store_block(__m512i codes, uint8_t* out) {
-  simd256::store_block<F>(_mm512_cvtepi16_epi8(codes), out);
+constexpr int kPackBlocks = F::bits == 4 ? 4 : F::bits == 6 ? 8 : 2;
+
+// Stores the codes (u16 lanes) of kPackBlocks<F> consecutive blocks, of which the first
+// `live` are written, in F's packed storage at out.
+template <class F>
+inline void store_blocks(const __m512i* c, int live, uint8_t* out) {
+  constexpr int kLines = F::bits == 6 ? 3 : 1;
+  __m512i v[kLines];
+  if constexpr (F::bits == 8) {  // lane q: [block 0 bytes 8q.., block 1 bytes 8q..]
+    v[0] = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                    _mm512_packus_epi16(c[0], c[1]));
+  } else if constexpr (F::bits == 4) {
+    // dword = c0 + 16 c1 (a multiply-add), then dwords -> bytes: dword j of lane q holds
+    // block j's bytes 4q..4q + 3
+    const __m512i nib = _mm512_set1_epi32(1 | 16 << 16);
+    __m512i d[4];
+    for (int i = 0; i < 4; ++i) d[i] = _mm512_madd_epi16(c[i], nib);
+    v[0] = _mm512_packus_epi16(_mm512_packus_epi32(d[0], d[1]), _mm512_packus_epi32(d[2], d[3]));
+    v[0] = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v[0]);
+  } else {
+    // For each pair of blocks: p = c0 + 64 c1 (12 bits, u32 lanes), the lanes regrouped so
+    // that each 128-bit lane holds 8 consecutive p of one block, then p + 4096 p' (24 bits:
+    // one 3-byte group per u32), its 3 bytes to the front: 12 bytes in u32 lanes 0-2 of each
+    // 128-bit lane. Then the pairs' 12 x 16 valid u32 into 3 lines.
+    const __m512i pick = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1));
+    __m512i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i p0 = _mm512_madd_epi16(c[2 * i], _mm512_set1_epi32(1 | 64 << 16));
+      const __m512i p1 = _mm512_madd_epi16(c[2 * i + 1], _mm512_set1_epi32(1 | 64 << 16));
+      __m512i g = _mm512_packus_epi32(_mm512_shuffle_i64x2(p0, p1, 0x88),
+                                      _mm512_shuffle_i64x2(p0, p1, 0xDD));
+      g = _mm512_madd_epi16(g, _mm512_set1_epi32(1 | 4096 << 16));
+      q[i] = _mm512_shuffle_epi8(g, pick);
+    }
+    // valid u32 k of a pair (k < 12) is u32 k + k / 3 of q; 16 + j: u32 j of the second source
+    v[0] = _mm512_permutex2var_epi32(
+        q[0], _mm512_setr_epi32(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20), q[1]);
+    v[1] = _mm512_permutex2var_epi32(
+        q[1], _mm512_setr_epi32(5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25), q[2]);
+    v[2] = _mm512_permutex2var_epi32(
+        q[2], _mm512_setr_epi32(10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30),
+        q[3]);
+  }
+  constexpr int kBlockBytes = int(block_storage<F>(32));
+  if (live == kPackBlocks<F>) {
+    for (int i = 0; i < kLines; ++i) _mm512_storeu_si512(out + 64 * i, v[i]);
+  } else {  // a ragged end of a row: rare
+    alignas(64) uint8_t lines[64 * kLines];
+    for (int i = 0; i < kLines; ++i) _mm512_store_si512(lines + 64 * i, v[i]);
+    std::memcpy(out, lines, size_t(kBlockBytes * live));
+  }
 }
 
-// Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b.
-inline __m512i amax16(const uint16_t* x, int nblk) {
+// Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b. With
+// col_amax, also updates the column strips' amax col_amax[b] with the |x| of block b.
+inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
   __m512i a[16];
   for (int i = 0; i < 16; ++i) {
     a[i] = i < nblk ? _mm512_and_si512(_mm512_loadu_si512(x + 32 * i), abs)
                     : _mm512_setzero_si512();
+    if (col_amax && i < nblk) col_amax[i] = _mm512_max_epu16(col_amax[i], a[i]);
   }
   __m512i b[8], c4[4], d[2];
   for (int i = 0; i < 8; ++i) {
@@ -156,54 +216,81 @@ inline __m512i amax16(const uint16_t* x, int nblk) {
   return _mm512_slli_epi32(e, 16);
 }
 
-// Blocks [0, nblk) (nblk <= 16, all full) of 32 contiguous bf16 each.
+// Blocks of a row_chunk: its scales are all found before its first encode, so that the
+// latency of one group's amax -> scale chain overlaps the others' work.
+constexpr int kChunkBlocks = 64;
+
+// Blocks [0, nblk) (all full, 32 contiguous bf16 each) of `rows` rows `ld` apart, their
+// data `dld` and scales `sld` apart (rows * nblk <= kChunkBlocks): the scales in groups of up
+// to 16, the SIMD encode of every block, then the scalar path for the blocks that need it.
+// col_amax: see amax16 (block j of every row updates col_amax[j]).
 template <class F>
-inline void row_group(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
-                      uint8_t* scales) {
-  __m512i k;
-  __mmask16 slow;
-  __m512i byte = scales16<F>(amax16(x, nblk), mode, &k, &slow);
-  const __mmask16 live = __mmask16((1u << nblk) - 1);
-  _mm512_mask_cvtepi32_storeu_epi8(scales, live, byte);
-  alignas(64) int32_t k7[16];
-  alignas(64) float sub[16];  // the Scale of block i: k7[i] and sub[i] in every lane
-  _mm512_store_si512(reinterpret_cast<__m512i*>(k7), _mm512_slli_epi32(k, 7));
-  _mm512_store_ps(sub, subnormal_mul<F>(k));
-  constexpr int64_t bs = block_storage<F>(32);
-  for (int i = 0; i < nblk; ++i) {
-    if ((slow >> i) & 1) {
-      uint8_t codes[32];
-      scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
-      if constexpr (F::bits == 8) {
-        for (int j = 0; j < 32; ++j) data[bs * i + j] = codes[j];
+inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                      uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld,
+                      __m512i* col_amax) {
+  alignas(64) int32_t bias[kChunkBlocks + 16];  // block r, j's Scale (at r * nblk + j), both u16
+  uint64_t slow = 0;  // bit r * nblk + j
+  for (int r = 0; r < rows; ++r) {
+    for (int g = 0; g < nblk; g += 16) {
+      const int live = nblk - g < 16 ? nblk - g : 16;
+      __m512i k;
+      __mmask16 s;
+      const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
+      const __m512i byte = scales16<F>(a, mode, &k, &s);
+      uint8_t* out = scales + r * sld + g;
+      if (live == 16) {  // a plain store where it can (see kPackBlocks)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(byte));
       } else {
-        for (int g = 0; g < 32 / F::group_codes; ++g) {
-          pack_group<F>(codes + g * F::group_codes, 1, data + bs * i + g * F::group_bytes, 1);
-        }
+        _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), byte);
       }
-      continue;
+      const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
+                                           _mm512_set1_epi32(kRoundBias<F>));
+      _mm512_storeu_si512(bias + r * nblk + g,
+                          _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                                          _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
+      slow |= uint64_t(s) << (r * nblk + g);
     }
-    const Scale sc = {_mm512_set1_epi16(int16_t(k7[i])), _mm512_set1_ps(sub[i]),
-                      _mm512_set1_ps(sub[i])};
-    __m512i codes = encode32<F>(_mm512_loadu_si512(x + 32 * i), sc);
-    store_block<F>(codes, data + bs * i);
+  }
+  constexpr int P = kPackBlocks<F>;
+  constexpr int64_t bs = block_storage<F>(32);
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ld;
+    const int32_t* br = bias + r * nblk;
+    auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
+      __m512i c[P];
+      for (int j = 0; j < P; ++j) {
+        const int b = j < live ? i + j : i;  // past live: any block (not stored)
+        c[j] = encode32<F>(_mm512_loadu_si512(xr + 32 * b), {_mm512_set1_epi32(br[b])});
+      }
+      store_blocks<F>(c, live, data + r * dld + bs * i);
+    };
+    int i = 0;
+    for (; i + P <= nblk; i += P) encode_chunk(i, P);
+    if (i < nblk) encode_chunk(i, nblk - i);
+  }
+  for (; slow; slow &= slow - 1) {
+    const int i = __builtin_ctzll(slow), r = i / nblk, j = i % nblk;
+    uint8_t codes[32];
+    scales[r * sld + j] = quantize_block<F, BF16, 32>(x + r * ld + 32 * j, mode, codes);
+    for (int g = 0; g < 32 / F::group_codes; ++g) {
+      pack_group<F>(codes + g * F::group_codes, 1, data + r * dld + bs * j + g * F::group_bytes,
+                    1);
+    }
   }
 }
 
-// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 16; returns the
-// first block not done (the caller finishes [that, b1) with quantize_row).
+// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in chunks of kChunkBlocks;
+// returns the first block not done (the caller finishes [that, b1) with quantize_row).
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
                           uint8_t* data, uint8_t* scales) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
   constexpr int64_t bs = block_storage<F>(32);
-  int64_t b = b0;
-  for (; b < end; b += 16) {
-    int nblk = int(end - b < 16 ? end - b : 16);
-    row_group<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
+  for (int64_t b = b0; b < end; b += kChunkBlocks) {
+    const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
+    row_chunk<F>(x + 32 * b, 0, 1, nblk, mode, data + bs * b, 0, scales + b, 0, nullptr);
   }
-  (void)b;
   return b0 > end ? b0 : end;
 }
 
