@@ -2,8 +2,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include <string>
-
 #include "cpu/handlers.h"
 #include "cpu/kernels.h"
 #ifdef MXJAX_WITH_CUDA
@@ -52,12 +50,10 @@ NB_MODULE(_mxjax_ffi, m) {
     return levels;
   }, "The CPU kernel levels this build and CPU run under the MXJAX_SIMD cap, narrowest first.");
 
-  m.def("set_simd", [](const std::string& level) {
-    if (!mxjax::cpu::set_simd(level.c_str())) {
-      throw nb::value_error(("CPU kernel level '" + level + "' is not one this build and CPU "
-                             "run under the MXJAX_SIMD cap").c_str());
-    }
-  }, nb::arg("level"), "Makes `level` the CPU kernel level of the calls that start after this.");
+  m.def("set_simd", [](const std::string& level) { return mxjax::cpu::set_simd(level.c_str()); },
+        nb::arg("level"),
+        "Makes `level` the CPU kernel level of the calls that start after this; False (and no "
+        "change) where this build and CPU do not run it under the MXJAX_SIMD cap.");
 
   m.def("build_info", []() {
     nb::dict d;

@@ -53,9 +53,7 @@ def set_simd(level: str) -> None:
   starts after this, in this process; build_info()["simd"] reports it. For tests and
   benchmarks: computations already dispatched (jax runs them asynchronously) may run at
   either level, so wait for their results first. Raises ValueError for other levels."""
-  if level not in runnable_simd():
+  if not _extension().set_simd(level):
     cap = os.environ.get("MXJAX_SIMD")
     raise ValueError(f"CPU kernel level {level!r} is not one this build and CPU run: "
                      f"{runnable_simd()}" + (f" (MXJAX_SIMD={cap!r} caps them)" if cap else ""))
-  _extension().set_simd(level)
-
