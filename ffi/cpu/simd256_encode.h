@@ -139,42 +139,46 @@ inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal) {
   return _mm256_subs_epu16(_mm256_sub_epi16(normal, one), low);
 }
 
-// The magnitude codes of two vectors of 16 lanes (ax0, ax1) with the same scales: FP4 by
-// encode16_fp4, FP8 by encode16_normal where it can (a predictable branch), else encode16.
+// below_normal where the lanes of ax0 and ax1 have their own thresholds normal0, normal1.
+inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal0, __m256i normal1) {
+  const __m256i one = set16(1);
+  return _mm256_or_si256(
+      _mm256_subs_epu16(_mm256_sub_epi16(normal0, one), _mm256_sub_epi16(ax0, one)),
+      _mm256_subs_epu16(_mm256_sub_epi16(normal1, one), _mm256_sub_epi16(ax1, one)));
+}
+
+// The magnitude codes of two vectors of 16 lanes (ax0 with the scales s0, ax1 with s1): FP4
+// by encode16_fp4, FP8 by encode16_normal where `below` (below_normal) is zero (a predictable
+// branch), else encode16. The compiler drops `below` where F does not use it.
 template <class F, bool kSaturate>
-inline void encode32(__m256i ax0, __m256i ax1, const Scale& s, __m256i* c0, __m256i* c1) {
+inline void encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1, __m256i below,
+                     __m256i* c0, __m256i* c1) {
   if constexpr (F::bits == 4) {
-    *c0 = encode16_fp4<F, kSaturate>(ax0, s);
-    *c1 = encode16_fp4<F, kSaturate>(ax1, s);
+    *c0 = encode16_fp4<F, kSaturate>(ax0, s0);
+    *c1 = encode16_fp4<F, kSaturate>(ax1, s1);
     return;
   } else if constexpr (F::bits == 8) {
-    const __m256i below = below_normal(ax0, ax1, s.normal);
     if (_mm256_testz_si256(below, below)) {
-      *c0 = encode16_normal<F, kSaturate>(ax0, s);
-      *c1 = encode16_normal<F, kSaturate>(ax1, s);
+      *c0 = encode16_normal<F, kSaturate>(ax0, s0);
+      *c1 = encode16_normal<F, kSaturate>(ax1, s1);
       return;
     }
   }
-  *c0 = encode16<F, kSaturate>(ax0, s);
-  *c1 = encode16<F, kSaturate>(ax1, s);
+  *c0 = encode16<F, kSaturate>(ax0, s0);
+  *c1 = encode16<F, kSaturate>(ax1, s1);
 }
 
-// The magnitude codes of one vector of 16 lanes ax (as encode32).
+// encode32 for one block (one scale for both vectors).
 template <class F, bool kSaturate>
-inline __m256i encode16_any(__m256i ax, const Scale& s) {
-  if constexpr (F::bits == 4) {
-    return encode16_fp4<F, kSaturate>(ax, s);
-  } else if constexpr (F::bits == 8) {
-    const __m256i below = below_normal(ax, ax, s.normal);
-    if (_mm256_testz_si256(below, below)) return encode16_normal<F, kSaturate>(ax, s);
-  }
-  return encode16<F, kSaturate>(ax, s);
+inline void encode32(__m256i ax0, __m256i ax1, const Scale& s, __m256i* c0, __m256i* c1) {
+  encode32<F, kSaturate>(ax0, ax1, s, s, below_normal(ax0, ax1, s.normal), c0, c1);
 }
 
-// The sign of x (bf16 bits) at F's sign bit of a code in u16 lanes.
-template <class F>
-inline __m256i sign16(__m256i x) {
-  return _mm256_and_si256(_mm256_srli_epi16(x, 15 - (F::bits - 1)), set16(1 << (F::bits - 1)));
+// encode32 for 32 columns of a row (columns 0-15 with the scales s0, 16-31 with s1).
+template <class F, bool kSaturate>
+inline void encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1, __m256i* c0,
+                     __m256i* c1) {
+  encode32<F, kSaturate>(ax0, ax1, s0, s1, below_normal(ax0, ax1, s0.normal, s1.normal), c0, c1);
 }
 
 // Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes), in i32 lanes: exponent

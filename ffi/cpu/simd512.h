@@ -298,6 +298,7 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
 // done in three passes over its rows (kernels.cc, col_tile_bf16): strip_amax, strip_scales,
 // strip_encode.
 using Vec = __m512i;
+using StripScale = Scale;
 constexpr int kStripCols = 32;
 
 // amax (u16 lanes) of a strip, updated with the 32 bf16 at x.
