@@ -7,6 +7,7 @@
 
 #include "mxjax/quantize.h"
 #include "simd256.h"
+#include "simd256_2x.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
 #include "stream.h"
@@ -181,6 +182,36 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 }
 #endif
 
+#ifdef MXJAX_HAVE_SIMD256
+// quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
+// [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
+// nbk apart), col_data / col_scales at its first storage row (columns k apart).
+// simd256::tile_2x, then quantize.h's templates for the strips it returns and the ragged
+// ends (a last block shorter than 32, columns past the last whole block).
+template <class F>
+void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
+                  uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
+                  uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream) {
+  static_assert(kUnitCols == 32 * simd256::kTileBlocks);
+  const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
+  const int nblk = int(full - b0);
+  const simd256::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
+                               row_stream, col_data + c0, col_scales + c0, k, col_stream};
+  uint32_t slow = simd256::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
+  for (int r = 0; full < b1 && r < rows; ++r) {
+    quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
+                          row_scales + r * nbk);
+  }
+  if (col_stream && slow) stream_fence();  // the scalar path below rewrites streamed bytes
+  for (; slow; slow &= slow - 1) {
+    const int64_t c = c0 + 32 * __builtin_ctz(slow);
+    quantize_cols<F, BF16>(x, k, rows, c, c + 32, 32, mode, col_data, col_scales);
+  }
+  const int64_t done = c0 + 32 * int64_t(nblk);
+  if (done < c1) quantize_cols<F, BF16>(x, k, rows, done, c1, 32, mode, col_data, col_scales);
+}
+#endif
+
 // One column tile (as quantize_cols), on_rows(r, nr, amax) called for all its rows first
 // (amax: see col_tile_bf16; null elsewhere): the SIMD level's bf16 / block-32 path where there
 // is one, quantize_cols otherwise.
@@ -258,6 +289,15 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
+#if defined(MXJAX_HAVE_SIMD256) && !defined(MXJAX_HAVE_SIMD512)
+      if constexpr (std::is_same_v<In, BF16>) {
+        if (block == 32) {
+          tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
+                          p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream);
+          continue;
+        }
+      }
+#endif
       // Rowwise blocks of the tile's rows [r, r + nr); on the SIMD path also the strips' amax
       // (their full blocks are the tile's strips: c0 is a multiple of the block).
       auto row = [&](int r, int nr, StripAmax* amax) {

@@ -100,6 +100,14 @@ inline __m256i amax8(const uint16_t* x, int nblk, Vec* col_amax) {
   return _mm256_slli_epi32(_mm256_cvtepu16_epi32(m), 16);
 }
 
+// The signs of two vectors of 16 bf16 (x0, x1) at F's sign bit of bytes in the order of
+// _mm256_packus_epi16(x0, x1): signed saturation keeps each x's sign in bit 7 of its byte.
+template <class F>
+inline __m256i sign_bytes(__m256i x0, __m256i x1) {
+  const __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
+  return F::bits == 8 ? sign : _mm256_srli_epi16(sign, 8 - F::bits);
+}
+
 // The 32 codes of the 32 bf16 at x with their signs, for the scales s (one Scale: a block;
 // two: columns 0-15 and 16-31 of a strip, see encode32): bytes in the order of
 // _mm256_packus_epi16 of its halves (elements 0-7, 16-23 | 8-15, 24-31).
@@ -110,10 +118,7 @@ inline __m256i block_codes(const uint16_t* x, const S&... s) {
   __m256i c0, c1;
   encode32<F, kSaturate>(_mm256_and_si256(x0, set16(0x7FFF)), _mm256_and_si256(x1, set16(0x7FFF)),
                          s..., &c0, &c1);
-  // Signed saturation keeps each x's sign in bit 7 of its byte; moved to F's sign bit.
-  __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
-  if constexpr (F::bits != 8) sign = _mm256_srli_epi16(sign, 8 - F::bits);
-  return _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign);
+  return _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign_bytes<F>(x0, x1));
 }
 
 // Stores one block's codes (bytes in block_codes' order) in F's packed storage (`spill`: see
@@ -220,6 +225,17 @@ __attribute__((always_inline)) inline void prepare_group(const uint16_t* x, int 
   }
 }
 
+// One block of 32 bf16 at x by quantize.h's template: its scale byte and every byte of its
+// storage at data (rewrites what a SIMD encode left there).
+template <class F>
+inline void scalar_block(const uint16_t* x, int32_t mode, uint8_t* data, uint8_t* scale) {
+  uint8_t codes[32];
+  *scale = quantize_block<F, BF16, 32>(x, mode, codes);
+  for (int j = 0; j < 32 / F::group_codes; ++j) {
+    pack_group<F>(codes + j * F::group_codes, 1, data + j * F::group_bytes, 1);
+  }
+}
+
 // Encodes the blocks of a prepared group (kSaturate: see encode16); the scalar path does
 // its slow blocks, scale bytes included.
 template <class F, bool kSaturate>
@@ -237,12 +253,8 @@ __attribute__((always_inline)) inline void encode_group(const uint16_t* x, int n
     return;
   }
   for (int i = 0; i < nblk; ++i) {
-    if ((g.slow >> i) & 1) {  // rewrites the block's scale and every byte of its storage
-      uint8_t codes[32];
-      scales[i] = quantize_block<F, BF16, 32>(x + 32 * i, mode, codes);
-      for (int j = 0; j < 32 / F::group_codes; ++j) {
-        pack_group<F>(codes + j * F::group_codes, 1, data + bs * i + j * F::group_bytes, 1);
-      }
+    if ((g.slow >> i) & 1) {
+      scalar_block<F>(x + 32 * i, mode, data + bs * i, scales + i);
       continue;
     }
     store_codes<F>(block_codes<F, kSaturate>(x + 32 * i, block_scale<F>(g.scales, i)),
@@ -372,20 +384,15 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, StripScale* sc
   return (slo | shi) == 0;
 }
 
-// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its Scales, stored in F's group_bytes storage
-// rows `dld` apart at out (`stream`: with streaming stores, out 32-byte aligned). The codes
-// of a row are bytes in block_codes' order, combined across rows with byte-wise shifts (16-bit
-// shifts and a mask of the bits that crossed into the neighbouring byte), then put in column
-// order.
+// Stores a strip's codes of one storage group of rows (c[i]: row i's, bytes in block_codes'
+// order) in F's group_bytes storage rows `dld` apart at out (`stream`: with streaming stores,
+// out 32-byte aligned): combined across rows with byte-wise shifts (16-bit shifts, and a mask
+// of the bits that crossed into the neighbouring byte), then put in column order.
 template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const StripScale& s,
-                         uint8_t* out, int64_t dld, bool stream) {
-  __m256i c[F::group_codes];
-  for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? block_codes<F, true>(x + i * ld, s.lo, s.hi) : _mm256_setzero_si256();
-  }
-  auto store = [stream](__m256i v, uint8_t* o) { store32(_mm256_permute4x64_epi64(v, 0xD8), o, stream); };
+inline void store_strip_codes(const __m256i* c, uint8_t* out, int64_t dld, bool stream) {
+  auto store = [stream](__m256i v, uint8_t* o) {
+    store32(_mm256_permute4x64_epi64(v, 0xD8), o, stream);
+  };
   auto bytes = [](int m) { return _mm256_set1_epi8(int8_t(m)); };
   if constexpr (F::bits == 8) {
     store(c[0], out);
@@ -400,6 +407,18 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const StripSca
                           _mm256_slli_epi16(c[3], 2)),
           out + 2 * dld);
   }
+}
+
+// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
+// rows from `rows` on are zero padding), with its Scales, stored as store_strip_codes does.
+template <class F>
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const StripScale& s,
+                         uint8_t* out, int64_t dld, bool stream) {
+  __m256i c[F::group_codes];
+  for (int i = 0; i < F::group_codes; ++i) {
+    c[i] = i < rows ? block_codes<F, true>(x + i * ld, s.lo, s.hi) : _mm256_setzero_si256();
+  }
+  store_strip_codes<F>(c, out, dld, stream);
 }
 
 }  // namespace simd256

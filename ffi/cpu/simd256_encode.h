@@ -139,12 +139,11 @@ inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal) {
   return _mm256_subs_epu16(_mm256_sub_epi16(normal, one), low);
 }
 
-// below_normal where the lanes of ax0 and ax1 have their own thresholds normal0, normal1.
+// below_normal where the lanes of ax0 and ax1 have their own thresholds normal0, normal1:
+// min(ax, normal - ax) (saturating) is nonzero exactly there.
 inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal0, __m256i normal1) {
-  const __m256i one = set16(1);
-  return _mm256_or_si256(
-      _mm256_subs_epu16(_mm256_sub_epi16(normal0, one), _mm256_sub_epi16(ax0, one)),
-      _mm256_subs_epu16(_mm256_sub_epi16(normal1, one), _mm256_sub_epi16(ax1, one)));
+  return _mm256_or_si256(_mm256_min_epu16(ax0, _mm256_subs_epu16(normal0, ax0)),
+                         _mm256_min_epu16(ax1, _mm256_subs_epu16(normal1, ax1)));
 }
 
 // The magnitude codes of two vectors of 16 lanes (ax0 with the scales s0, ax1 with s1): FP4

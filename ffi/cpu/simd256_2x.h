@@ -1,0 +1,155 @@
+// AVX2 quantize_2x of one bf16 / block-32 tile (up to 32 rows of a row-major [m, k], the
+// columns of up to 16 whole blocks), in two passes over its rows. The first finds the rowwise
+// scales (simd256.h's groups) and the column strips' amax from the same loads. The second
+// loads each row once and encodes it twice, with its rowwise blocks' scales and with its
+// strips' column scales: |x|, the signs (and FP8's and FP4's rounding bits, common
+// subexpressions of the two encodes) are found once. Host only; bit-exact with quantize.h's
+// templates, which do what this leaves (kernels.cc: the strips tile_2x returns, ragged ends).
+#ifndef MXJAX_CPU_SIMD256_2X_H_
+#define MXJAX_CPU_SIMD256_2X_H_
+
+#include "simd256.h"
+
+#if defined(MXJAX_HAVE_SIMD256)
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "mxjax/quantize.h"
+#include "stream.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd256 {
+
+// The largest tile: one block of rows, 16 blocks of columns.
+constexpr int kTileRows = 32;
+constexpr int kTileBlocks = 16;
+
+// The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
+// Scale rs (*rc) and for the strip's column Scales cs (*cc), as block_codes makes them.
+template <class F, bool kSaturate>
+inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, __m256i* rc,
+                     __m256i* cc) {
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  const __m256i ax0 = _mm256_and_si256(x0, set16(0x7FFF));
+  const __m256i ax1 = _mm256_and_si256(x1, set16(0x7FFF));
+  __m256i r0, r1, c0, c1;
+  if constexpr (F::bits == 8) {
+    // One branch for both: a lane below either normal is below the larger one.
+    const __m256i below = below_normal(ax0, ax1, _mm256_max_epu16(rs.normal, cs.lo.normal),
+                                       _mm256_max_epu16(rs.normal, cs.hi.normal));
+    encode32<F, kSaturate>(ax0, ax1, rs, rs, below, &r0, &r1);
+    encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi, below, &c0, &c1);
+  } else {
+    encode32<F, kSaturate>(ax0, ax1, rs, &r0, &r1);
+    encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi, &c0, &c1);
+  }
+  const __m256i sign = sign_bytes<F>(x0, x1);
+  *rc = _mm256_or_si256(_mm256_packus_epi16(r0, r1), sign);
+  *cc = _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign);
+}
+
+// Where tile_2x's outputs go: the rowwise data and scales of the tile's first row at its
+// first block (rows row_ld and scale_ld apart; `row_stream`: whole lines with streaming
+// stores, through a staging buffer), the columnwise data and scales at its first column
+// (storage rows col_ld apart; `col_stream`: streaming stores, which need col_data and
+// col_scales 32-byte aligned and col_ld a multiple of 32).
+struct Tile2xOut {
+  uint8_t* row_data;
+  int64_t row_ld;
+  uint8_t* row_scales;
+  int64_t scale_ld;
+  bool row_stream;
+  uint8_t* col_data;
+  uint8_t* col_scales;
+  int64_t col_ld;
+  bool col_stream;
+};
+
+// tile_2x's second pass (kSaturate: see encode16), with the first's rowwise groups (g[r][i]:
+// blocks 8i.. of row r) and column Scales cs.
+template <class F, bool kSaturate>
+void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                    const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o) {
+  constexpr int G = F::group_codes;
+  constexpr int64_t bs = block_storage<F>(32);
+  alignas(64) uint8_t stage[G][kTileBlocks * bs];
+  for (int r = 0; r < rows; r += G) {
+    const int live = rows - r < G ? rows - r : G;
+    uint8_t* rout[G];
+    for (int i = 0; i < G; ++i) rout[i] = o.row_stream ? stage[i] : o.row_data + (r + i) * o.row_ld;
+    for (int j = 0; j < nblk; ++j) {
+      __m256i cc[G];
+      for (int i = 0; i < G; ++i) {
+        if (i < live) {
+          __m256i rc;
+          codes_2x<F, kSaturate>(x + (r + i) * ld + 32 * j, block_scale<F>(g[r + i][j / 8].scales, j % 8),
+                                 cs[j], &rc, &cc[i]);
+          store_codes<F>(rc, rout[i] + bs * j, j + 1 < nblk);
+        } else {
+          cc[i] = _mm256_setzero_si256();
+        }
+      }
+      store_strip_codes<F>(cc, o.col_data + r / G * F::group_bytes * o.col_ld + 32 * j, o.col_ld,
+                           o.col_stream);
+    }
+    for (int i = 0; i < live; ++i) {
+      const uint16_t* xr = x + (r + i) * ld;
+      for (int b = 0; b < nblk; b += 8) {
+        for (int slow = g[r + i][b / 8].slow; slow; slow &= slow - 1) {
+          const int j = b + __builtin_ctz(unsigned(slow));
+          scalar_block<F>(xr + 32 * j, mode, rout[i] + bs * j, o.row_scales + (r + i) * o.scale_ld + j);
+        }
+      }
+      if (o.row_stream) stream_copy(o.row_data + (r + i) * o.row_ld, stage[i], nblk * bs);
+    }
+  }
+}
+
+// Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
+// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
+// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
+// follow. Returns a bit per column strip that the scalar path must do (its scale bytes and
+// data undefined); the rowwise blocks are all done.
+template <class F>
+uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                 const Tile2xOut& o, bool prefetch) {
+  Group g[kTileRows][kTileBlocks / 8];
+  Vec amax[kTileBlocks];
+  for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ld;
+    for (int b = 0; prefetch && b < 64 * nblk; b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(xr + 32 * nblk) + b);
+    }
+    for (int b = 0; b < nblk; b += 8) {
+      prepare_group<F>(xr + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
+                       o.row_scales + r * o.scale_ld + b, &g[r][b / 8], amax + b);
+    }
+  }
+  StripScale cs[kTileBlocks];
+  uint32_t slow = 0;
+  for (int j = 0; j < nblk; ++j) {
+    if (!strip_scales<F>(amax[j], mode, o.col_scales + 32 * j, &cs[j], o.col_stream)) {
+      slow |= 1u << j;
+    }
+  }
+  // Keeps the per-block broadcasts loads from g (see row_chunk).
+  asm("" : "+m"(g));
+  if (mode == kRceil) {
+    encode_tile_2x<F, false>(x, ld, rows, nblk, mode, g, cs, o);
+  } else {
+    encode_tile_2x<F, true>(x, ld, rows, nblk, mode, g, cs, o);
+  }
+  return slow;
+}
+
+}  // namespace simd256
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // MXJAX_HAVE_SIMD256
+#endif  // MXJAX_CPU_SIMD256_2X_H_
