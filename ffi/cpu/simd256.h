@@ -67,7 +67,8 @@ struct Vec {
 // reduction transposes in 128-bit lanes (cross-lane shuffles are slow on AVX2 CPUs that
 // split 256-bit ops) and joins the two lanes once, at the end. With col_amax, also updates
 // the column strips' amax col_amax[b] with the |x| of block b.
-inline __m256i amax8(const uint16_t* x, int nblk, Vec* col_amax) {
+__attribute__((always_inline)) inline __m256i amax8(const uint16_t* x, int nblk,
+                                                   Vec* col_amax) {
   const __m256i abs = set16(0x7FFF);
   __m256i a[8];
   for (int i = 0; i < 8; ++i) {

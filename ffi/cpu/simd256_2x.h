@@ -81,20 +81,31 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
     const int live = rows - r < G ? rows - r : G;
     uint8_t* rout[G];
     for (int i = 0; i < G; ++i) rout[i] = o.row_stream ? stage[i] : o.row_data + (r + i) * o.row_ld;
-    for (int j = 0; j < nblk; ++j) {
-      __m256i cc[G];
+    for (int j = 0; j < nblk; j += 2) {  // blocks j, j + 1 (FP4 packs a row's two at once)
+      const int pair = j + 1 < nblk;
+      __m256i cc[2][G];
       for (int i = 0; i < G; ++i) {
         if (i < live) {
-          __m256i rc;
-          codes_2x<F, kSaturate>(x + (r + i) * ld + 32 * j, block_scale<F>(g[r + i][j / 8].scales, j % 8),
-                                 cs[j], &rc, &cc[i]);
-          store_codes<F>(rc, rout[i] + bs * j, j + 1 < nblk);
+          const uint16_t* xr = x + (r + i) * ld + 32 * j;
+          const Group& gr = g[r + i][j / 8];
+          __m256i rc[2];
+          for (int q = 0; q <= pair; ++q) {
+            codes_2x<F, kSaturate>(xr + 32 * q, block_scale<F>(gr.scales, j % 8 + q), cs[j + q],
+                                   &rc[q], &cc[q][i]);
+          }
+          if (pair) {
+            store_codes2<F>(rc[0], rc[1], rout[i] + bs * j, j + 2 < nblk);
+          } else {
+            store_codes<F>(rc[0], rout[i] + bs * j, false);
+          }
         } else {
-          cc[i] = _mm256_setzero_si256();
+          cc[0][i] = cc[1][i] = _mm256_setzero_si256();
         }
       }
-      store_strip_codes<F>(cc, o.col_data + r / G * F::group_bytes * o.col_ld + 32 * j, o.col_ld,
-                           o.col_stream);
+      for (int q = 0; q <= pair; ++q) {
+        store_strip_codes<F>(cc[q], o.col_data + r / G * F::group_bytes * o.col_ld + 32 * (j + q),
+                             o.col_ld, o.col_stream);
+      }
     }
     for (int i = 0; i < live; ++i) {
       const uint16_t* xr = x + (r + i) * ld;
