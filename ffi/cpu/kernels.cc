@@ -8,6 +8,7 @@
 #include "mxjax/quantize.h"
 #include "simd256.h"
 #include "simd256_2x.h"
+#include "simd256_cols.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
 #include "stream.h"
@@ -49,6 +50,9 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
 namespace simd = simd512;
 #elif defined(MXJAX_HAVE_SIMD256)
 #define MXJAX_HAVE_SIMD_ROWS 1
+// quantize_2x tiles by simd256_2x.h (each row loaded once for both encodes). AVX-512 keeps
+// row_tile_out + col_tile_bf16: the 256-bit fused tile measured slower there for FP4 / FP6.
+#define MXJAX_HAVE_TILE_2X 1
 namespace simd = simd256;
 #endif
 
@@ -93,31 +97,31 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
   }
 }
 
-#ifdef MXJAX_HAVE_SIMD_ROWS
-// quantize_2x's rowwise blocks [b0, b1) of `rows` rows of n bf16 (rows n apart, their data dld
-// and scales sld apart; block 32): the full blocks of all the rows in one simd::row_chunk
-// (every scale found before the first encode), which also updates the tile's strip amax; with
-// `stream` through a staging buffer in L1 (as row_out); the ragged last block with
-// quantize_row.
+#ifdef MXJAX_HAVE_SIMD512
+// quantize_2x's rowwise blocks [b0, b1) of `rows` rows of n bf16 at AVX-512 (rows n apart, their
+// data dld and scales sld apart; block 32): the full blocks of all the rows in one
+// simd512::row_chunk (every scale found before the first encode), which also updates the
+// tile's strip amax; with `stream` through a staging buffer in L1 (as row_out); the ragged
+// last block with quantize_row.
 template <class F>
 void row_tile_out(const uint16_t* x, int64_t n, int rows, int64_t b0, int64_t b1, int32_t mode,
                   uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld, bool stream,
-                  simd::Vec* amax) {
+                  simd512::Vec* amax) {
   constexpr int64_t bs = block_storage<F>(32);
-  static_assert(kUnitCols / 32 * kRowsPerCall <= simd::kChunkBlocks);
+  static_assert(kUnitCols / 32 * kRowsPerCall <= simd512::kChunkBlocks);
   const int64_t full = min64(b1, n / 32);
   const int nblk = int(full - b0);
   if (stream) {
-    alignas(64) uint8_t sdata[simd::kChunkBlocks * bs];
-    alignas(64) uint8_t sscales[simd::kChunkBlocks];
-    simd::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, sdata, nblk * bs, sscales, nblk, amax);
+    alignas(64) uint8_t sdata[simd512::kChunkBlocks * bs];
+    alignas(64) uint8_t sscales[simd512::kChunkBlocks];
+    simd512::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, sdata, nblk * bs, sscales, nblk, amax);
     for (int r = 0; r < rows; ++r) {
       stream_copy(data + r * dld + b0 * bs, sdata + r * nblk * bs, nblk * bs);
       stream_copy(scales + r * sld + b0, sscales + r * nblk, nblk);
     }
   } else {
-    simd::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, data + b0 * bs, dld, scales + b0, sld,
-                       amax);
+    simd512::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, data + b0 * bs, dld, scales + b0, sld,
+                          amax);
   }
   for (int r = 0; full < b1 && r < rows; ++r) {
     quantize_row<F, BF16>(x + r * n, n, full, b1, 32, mode, data + r * dld, scales + r * sld);
@@ -182,7 +186,7 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 }
 #endif
 
-#ifdef MXJAX_HAVE_SIMD256
+#ifdef MXJAX_HAVE_TILE_2X
 // quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
 // nbk apart), col_data / col_scales at its first storage row (columns k apart).
@@ -289,7 +293,7 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
-#if defined(MXJAX_HAVE_SIMD256) && !defined(MXJAX_HAVE_SIMD512)
+#ifdef MXJAX_HAVE_TILE_2X
       if constexpr (std::is_same_v<In, BF16>) {
         if (block == 32) {
           tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
@@ -298,14 +302,14 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
         }
       }
 #endif
-      // Rowwise blocks of the tile's rows [r, r + nr); on the SIMD path also the strips' amax
+      // Rowwise blocks of the tile's rows [r, r + nr); at AVX-512 also the strips' amax
       // (their full blocks are the tile's strips: c0 is a multiple of the block).
       auto row = [&](int r, int nr, StripAmax* amax) {
         const int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);
         const T* xr = x + (r0 + r) * p.k;
         uint8_t* dr = p.row_data + (r0 + r) * sk;
         uint8_t* sr = p.row_scales + (r0 + r) * nbk;
-#ifdef MXJAX_HAVE_SIMD_ROWS
+#ifdef MXJAX_HAVE_SIMD512
         if constexpr (std::is_same_v<In, BF16>) {
           if (block == 32 && amax) {
             row_tile_out<F>(xr, p.k, nr, b0, b1, p.mode, dr, sk, sr, nbk, p.stream, amax);

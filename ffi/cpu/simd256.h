@@ -1,5 +1,6 @@
 // AVX2 fast paths for bf16 inputs, block 32: quantize in rowwise groups of up to 8 blocks
-// and in 16-column strips of a column tile (every format), with simd256_encode.h's encoders;
+// (every format) with simd256_encode.h's encoders, and the block codes and packers that
+// simd256_cols.h's column strips and simd256_2x.h's quantize_2x tile share;
 // simd256_dequantize.h has the dequantize. Host only; included by kernels.cc in the TUs built
 // with -mavx2 and -mavx512bw (which quantizes with simd512.h, and uses the byte packers here).
 // Bit-exact with the templates of quantize.h, which handle what these do not (other dtypes /
@@ -105,7 +106,8 @@ __attribute__((always_inline)) inline __m256i amax8(const uint16_t* x, int nblk,
 // _mm256_packus_epi16(x0, x1): signed saturation keeps each x's sign in bit 7 of its byte.
 template <class F>
 inline __m256i sign_bytes(__m256i x0, __m256i x1) {
-  const __m256i sign = _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
+  const __m256i sign =
+      _mm256_and_si256(_mm256_packs_epi16(x0, x1), _mm256_set1_epi8(int8_t(0x80)));
   return F::bits == 8 ? sign : _mm256_srli_epi16(sign, 8 - F::bits);
 }
 
@@ -263,163 +265,46 @@ __attribute__((always_inline)) inline void encode_group(const uint16_t* x, int n
   }
 }
 
-// Blocks of a row_chunk: its scales are all found before its first encode, so that the
-// latency of one group's amax -> scale chain overlaps the others' work.
-constexpr int kChunkBlocks = 64;
-
-// Encodes the groups g of a row_chunk (same arguments).
+// Blocks [b0, end) (all full) of a row of bf16 in groups of 8, each group's scales computed
+// while the group before it is encoded (its amax pass and scale arithmetic would otherwise
+// wait for the encoding to drain).
 template <class F, bool kSaturate>
-inline void encode_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                         const Group* g, uint8_t* data, int64_t dld, uint8_t* scales,
-                         int64_t sld) {
+inline void row_groups(const uint16_t* x, int64_t b0, int64_t end, int32_t mode, uint8_t* data,
+                       uint8_t* scales) {
   constexpr int64_t bs = block_storage<F>(32);
-  for (int r = 0; r < rows; ++r) {
-    for (int b = 0; b < nblk; b += 8, ++g) {
-      encode_group<F, kSaturate>(x + r * ld + 32 * b, nblk - b < 8 ? nblk - b : 8, mode, *g,
-                                 data + r * dld + bs * b, scales + r * sld + b);
+  Group g[2];
+  int64_t b = b0;
+  if (b + 8 <= end) prepare_group<F>(x + 32 * b, 8, mode, scales + b, &g[0], nullptr);
+  for (int cur = 0; b + 8 <= end; b += 8, cur ^= 1) {
+    if (b + 16 <= end) {
+      prepare_group<F>(x + 32 * (b + 8), 8, mode, scales + b + 8, &g[cur ^ 1], nullptr);
     }
+    // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
+    // registers it stored, two shuffles each).
+    asm("" : "+m"(g[cur]));
+    encode_group<F, kSaturate>(x + 32 * b, 8, mode, g[cur], data + bs * b, scales + b);
+  }
+  if (b < end) {
+    const int nblk = int(end - b);
+    prepare_group<F>(x + 32 * b, nblk, mode, scales + b, &g[0], nullptr);
+    asm("" : "+m"(g[0]));
+    encode_group<F, kSaturate>(x + 32 * b, nblk, mode, g[0], data + bs * b, scales + b);
   }
 }
 
-// Blocks [0, nblk) (all full, 32 contiguous bf16 each) of `rows` rows `ld` apart, their data
-// `dld` and scales `sld` apart (rows * ceil(nblk / 8) * 8 <= kChunkBlocks), in groups of up
-// to 8 blocks of a row: the scales of every group, then their encode (the scalar path for
-// the blocks that need it). col_amax: see amax8 (block j of every row updates col_amax[j]).
-template <class F>
-inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                      uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld, Vec* col_amax) {
-  Group g[kChunkBlocks / 8];
-  Group* next = g;
-  for (int r = 0; r < rows; ++r) {
-    for (int b = 0; b < nblk; b += 8) {
-      prepare_group<F>(x + r * ld + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
-                       scales + r * sld + b, next++, col_amax ? col_amax + b : nullptr);
-    }
-  }
-  // Keeps the per-block broadcasts loads from g (GCC otherwise extracts them from the
-  // registers it stored, two shuffles each).
-  asm("" : "+m"(g));
-  if (mode == kRceil) {
-    encode_chunk<F, false>(x, ld, rows, nblk, mode, g, data, dld, scales, sld);
-  } else {
-    encode_chunk<F, true>(x, ld, rows, nblk, mode, g, data, dld, scales, sld);
-  }
-}
-
-// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in chunks of kChunkBlocks;
-// returns the first block not done (the caller finishes [that, b1) with quantize_row).
+// Rowwise blocks [b0, b1) of a row of n bf16: the full ones in groups of 8; returns the
+// first block not done (the caller finishes [that, b1) with quantize_row).
 template <class F>
 inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, int32_t mode,
                           uint8_t* data, uint8_t* scales) {
   const int64_t full = n / 32;
   const int64_t end = b1 < full ? b1 : full;
-  constexpr int64_t bs = block_storage<F>(32);
-  for (int64_t b = b0; b < end; b += kChunkBlocks) {
-    const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
-    row_chunk<F>(x + 32 * b, 0, 1, nblk, mode, data + bs * b, 0, scales + b, 0, nullptr);
+  if (mode == kRceil) {
+    row_groups<F, false>(x, b0, end, mode, data, scales);
+  } else {
+    row_groups<F, true>(x, b0, end, mode, data, scales);
   }
   return b0 > end ? b0 : end;
-}
-
-// Column strips of a column tile, 32 columns (two vectors of bf16, the columns of one
-// rowwise block) each. A tile is done in three passes over its rows (kernels.cc,
-// col_tile_bf16): strip_amax (or row_chunk's col_amax), strip_scales, strip_encode.
-constexpr int kStripCols = 32;
-
-// The Scales of a strip's columns 0-15 (lo) and 16-31 (hi).
-struct StripScale {
-  Scale lo, hi;
-};
-
-// amax (u16 lanes) of a strip, updated with the 32 bf16 at x.
-inline Vec strip_amax(Vec amax, const uint16_t* x) {
-  const __m256i abs = set16(0x7FFF);
-  const __m256i* p = reinterpret_cast<const __m256i*>(x);
-  return {_mm256_max_epu16(amax.lo, _mm256_and_si256(_mm256_loadu_si256(p), abs)),
-          _mm256_max_epu16(amax.hi, _mm256_and_si256(_mm256_loadu_si256(p + 1), abs))};
-}
-
-// 16 bytes to out (`stream`: a streaming store, out 16-byte aligned).
-inline void store16(__m128i v, uint8_t* out, bool stream) {
-  __m128i* dst = reinterpret_cast<__m128i*>(out);
-  if (stream) {
-    _mm_stream_si128(dst, v);
-  } else {
-    _mm_storeu_si128(dst, v);
-  }
-}
-
-// 32 bytes to out (`stream`: a streaming store, out 32-byte aligned).
-inline void store32(__m256i v, uint8_t* out, bool stream) {
-  __m256i* dst = reinterpret_cast<__m256i*>(out);
-  if (stream) {
-    _mm256_stream_si256(dst, v);
-  } else {
-    _mm256_storeu_si256(dst, v);
-  }
-}
-
-// The scale bytes of 16 columns from their amax (u16 lanes), in u16 lanes; sets their Scale
-// (see encode16) and *slow (nonzero where a column needs the scalar path).
-template <class F>
-inline __m256i strip_half_scales(__m256i amax, int32_t mode, Scale* scale, int* slow) {
-  __m256i elo, ehi;
-  int slo, shi;
-  const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(amax)), 16);
-  const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(amax, 1)), 16);
-  const __m256i blo = scales8<F>(lo, mode, &elo, &slo);
-  const __m256i bhi = scales8<F>(hi, mode, &ehi, &shi);
-  *scale = scale_of<F>(_mm256_permute4x64_epi64(_mm256_packs_epi32(elo, ehi), 0xD8));
-  *slow = slo | shi;
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(blo, bhi), 0xD8);
-}
-
-// Stores the strip's 32 scale bytes (`stream`: with a streaming store) and sets its Scales;
-// false where a block needs the scalar path.
-template <class F>
-inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, StripScale* scale, bool stream) {
-  int slo, shi;
-  const __m256i blo = strip_half_scales<F>(amax.lo, mode, &scale->lo, &slo);
-  const __m256i bhi = strip_half_scales<F>(amax.hi, mode, &scale->hi, &shi);
-  store32(_mm256_permute4x64_epi64(_mm256_packus_epi16(blo, bhi), 0xD8), scales, stream);
-  return (slo | shi) == 0;
-}
-
-// Stores a strip's codes of one storage group of rows (c[i]: row i's, bytes in block_codes'
-// order) in F's group_bytes storage rows `dld` apart at out (`stream`: with streaming stores,
-// out 32-byte aligned): combined across rows with byte-wise shifts (16-bit shifts, and a mask
-// of the bits that crossed into the neighbouring byte), then put in column order.
-template <class F>
-inline void store_strip_codes(const __m256i* c, uint8_t* out, int64_t dld, bool stream) {
-  auto store = [stream](__m256i v, uint8_t* o) {
-    store32(_mm256_permute4x64_epi64(v, 0xD8), o, stream);
-  };
-  auto bytes = [](int m) { return _mm256_set1_epi8(int8_t(m)); };
-  if constexpr (F::bits == 8) {
-    store(c[0], out);
-  } else if constexpr (F::bits == 4) {  // codes < 16: nothing crosses
-    store(_mm256_or_si256(c[0], _mm256_slli_epi16(c[1], 4)), out);
-  } else {  // c0 | c1 << 6 | c2 << 12 | c3 << 18 in three bytes (codes < 64)
-    store(_mm256_or_si256(c[0], _mm256_and_si256(_mm256_slli_epi16(c[1], 6), bytes(0xC0))), out);
-    store(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[1], 2), bytes(0x0F)),
-                          _mm256_and_si256(_mm256_slli_epi16(c[2], 4), bytes(0xF0))),
-          out + dld);
-    store(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[2], 4), bytes(0x03)),
-                          _mm256_slli_epi16(c[3], 2)),
-          out + 2 * dld);
-  }
-}
-
-// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its Scales, stored as store_strip_codes does.
-template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const StripScale& s,
-                         uint8_t* out, int64_t dld, bool stream) {
-  __m256i c[F::group_codes];
-  for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? block_codes<F, true>(x + i * ld, s.lo, s.hi) : _mm256_setzero_si256();
-  }
-  store_strip_codes<F>(c, out, dld, stream);
 }
 
 }  // namespace simd256

@@ -8,7 +8,7 @@
 #ifndef MXJAX_CPU_SIMD256_2X_H_
 #define MXJAX_CPU_SIMD256_2X_H_
 
-#include "simd256.h"
+#include "simd256_cols.h"
 
 #if defined(MXJAX_HAVE_SIMD256)
 
@@ -112,7 +112,8 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int b = 0; b < nblk; b += 8) {
         for (int slow = g[r + i][b / 8].slow; slow; slow &= slow - 1) {
           const int j = b + __builtin_ctz(unsigned(slow));
-          scalar_block<F>(xr + 32 * j, mode, rout[i] + bs * j, o.row_scales + (r + i) * o.scale_ld + j);
+          scalar_block<F>(xr + 32 * j, mode, rout[i] + bs * j,
+                          o.row_scales + (r + i) * o.scale_ld + j);
         }
       }
       if (o.row_stream) stream_copy(o.row_data + (r + i) * o.row_ld, stage[i], nblk * bs);

@@ -29,7 +29,7 @@
 #include <cstring>
 
 #include "mxjax/quantize.h"
-#include "simd256.h"
+#include "simd256_cols.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
