@@ -347,3 +347,31 @@ def test_small_scales_with_subnormal_elements(fmt):
     for axis, got in [(-1, quantize(x, fmt, axis=-1, scale_mode=mode)),
                       (0, quantize(x, fmt, axis=0, scale_mode=mode)), (-1, rows), (0, cols)]:
       assert_same_quantized(got, *reference.quantize(x, fmt, axis=axis, scale_mode=mode))
+
+
+def lopsided_scale_tiles() -> np.ndarray:
+  """[64, 512] bf16 whose rowwise and columnwise scales of one element differ by many binades:
+  in rows 0-31 every row block starts with a large element (large rowwise scales, small
+  columnwise ones elsewhere); row 32 is large throughout (large columnwise scales, small
+  rowwise ones in rows 33-63). The other elements of row r span 2^-6 down 4 .. 32 binades
+  (by r), signs mixed, so that in some rows of every format a whole block is element normals
+  one way while some of it is element subnormals (or zero) the other way."""
+  rng = np.random.default_rng(13)
+  low = -6 - 4 * (1 + np.arange(64) % 8)[:, None]
+  x = np.ldexp(1 + rng.random((64, 512)), rng.integers(low, -6, (64, 512)))
+  x = x * np.where(rng.random((64, 512)) < 0.5, -1, 1)
+  x[:32, ::32] = 1.5
+  x[32, :] = -1.25
+  return x.astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_quantize_2x_lopsided_scales(fmt):
+  """quantize_2x encodes each element twice from one load (ffi/cpu/simd256_2x.h): with the
+  rowwise scale and with the columnwise one, where one makes it an element subnormal and
+  the other does not; both results equal the oracle."""
+  x = jnp.asarray(lopsided_scale_tiles())
+  for mode in SCALE_MODES:
+    rows, cols = quantize_2x(x, fmt, scale_mode=mode)
+    assert_same_quantized(rows, *reference.quantize(x, fmt, axis=1, scale_mode=mode))
+    assert_same_quantized(cols, *reference.quantize(x, fmt, axis=0, scale_mode=mode))
