@@ -51,7 +51,8 @@ namespace simd = simd512;
 #elif defined(MXJAX_HAVE_SIMD256)
 #define MXJAX_HAVE_SIMD_ROWS 1
 // quantize_2x tiles by simd256_2x.h (each row loaded once for both encodes). AVX-512 keeps
-// row_tile_out + col_tile_bf16: the 256-bit fused tile measured slower there for FP4 / FP6.
+// row_tile_out + col_tile_bf16: in the AVX-512 build the 256-bit tile measured faster for FP8
+// but slower for FP4 / FP6 (one thread, 128 x 8192 bf16).
 #define MXJAX_HAVE_TILE_2X 1
 namespace simd = simd256;
 #endif
