@@ -81,7 +81,9 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
   for (int r = 0; r < rows; r += G) {
     const int live = rows - r < G ? rows - r : G;
     uint8_t* rout[G];
-    for (int i = 0; i < G; ++i) rout[i] = o.row_stream ? stage[i] : o.row_data + (r + i) * o.row_ld;
+    for (int i = 0; i < G; ++i) {  // rows past the tile: none stored there
+      rout[i] = o.row_stream || i >= live ? stage[i] : o.row_data + (r + i) * o.row_ld;
+    }
     for (int j = 0; j < nblk; j += 2) {  // blocks j, j + 1 (FP4 packs a row's two at once)
       const int pair = j + 1 < nblk;
       __m256i cc[2][G];
