@@ -9,6 +9,7 @@
 #include "simd256.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
+#include "simd512_dequantize.h"
 #include "stream.h"
 
 namespace mxjax {
@@ -301,11 +302,11 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
         int64_t b0 = u % nb;
-#ifdef MXJAX_HAVE_SIMD256
+#ifdef MXJAX_HAVE_SIMD_ROWS
         if constexpr (!std::is_same_v<Out, F16>) {
           if (block == 32) {
-            b0 = simd256::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
-                                                        p.n, b0, b1, out + row * p.n);
+            b0 = simd::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
+                                                     p.n, b0, b1, out + row * p.n);
           }
         }
 #endif

@@ -42,17 +42,31 @@ inline __m256i load_codes(const uint8_t* src) {
   }
 }
 
+// bf16 bits of decode(code) for a code of F that is no NaN / Inf (exact: element values have
+// at most 4 significant bits; subnormals m * 2^(emin - man) normalized).
+template <class F>
+constexpr uint16_t decoded_bf16(int code) {
+  const int mag = code & int(F::mag_mask), ef = mag >> F::man_bits;
+  const int m = mag & ((1 << F::man_bits) - 1);
+  int bits = 0;
+  if (ef != 0) {
+    bits = (ef + 127 - F::bias) << 7 | m << (7 - F::man_bits);
+  } else if (m != 0) {
+    int p = 0;  // floor(log2(m))
+    while ((m >> (p + 1)) != 0) ++p;
+    bits = (F::emin - F::man_bits + p + 127) << 7 | ((m << (7 - p)) & 0x7F);
+  }
+  return uint16_t(((code >> (F::bits - 1)) & 1) << 15 | bits);
+}
+
 // bf16 bits of the element subnormals m * 2^(emin - man) (m < 2^man), lo and hi bytes.
 template <class F>
 struct SubnormalTable {
   uint8_t lo[16] = {}, hi[16] = {};
   constexpr SubnormalTable() {
     for (int m = 1; m < (1 << F::man_bits); ++m) {
-      int p = 0;  // floor(log2(m))
-      while ((m >> (p + 1)) != 0) ++p;
-      const int bits = ((F::emin - F::man_bits + p + 127) << 7) | (((m << (7 - p)) & 0x7F));
-      lo[m] = uint8_t(bits);
-      hi[m] = uint8_t(bits >> 8);
+      lo[m] = uint8_t(decoded_bf16<F>(m));
+      hi[m] = uint8_t(decoded_bf16<F>(m) >> 8);
     }
   }
 };
@@ -76,16 +90,11 @@ inline __m256i decode16(__m256i c, __m256i e7) {
   return _mm256_or_si256(v, _mm256_slli_epi16(_mm256_srli_epi16(c, F::bits - 1), 15));
 }
 
-// bf16 bits of decode(code) for the 16 FP4 codes (sign included; values have at most 2
-// significant bits, so bf16 holds them exactly).
+// bf16 bits of decode(code) for the 16 FP4 codes (sign included).
 struct Fp4Table {
   uint16_t bits[16] = {};
   constexpr Fp4Table() {
-    for (int c = 0; c < 16; ++c) {
-      const int ef = (c >> 1) & 3, man = c & 1;
-      const int mag = ef != 0 ? (ef + 127 - E2M1::bias) << 7 | man << 6 : man != 0 ? 0x3F00 : 0;
-      bits[c] = uint16_t((c & 8) << 12 | mag);  // 0x3F00: 0.5, the one subnormal
-    }
+    for (int c = 0; c < 16; ++c) bits[c] = decoded_bf16<E2M1>(c);
   }
 };
 

@@ -1,0 +1,147 @@
+// AVX-512 (F + BW) dequantize, block 32, to bf16 / f32 (every format): rowwise blocks, one
+// 32-lane vector per block. Host only; included by kernels.cc in the TU built with
+// -mavx512bw. Bit-exact with the templates of quantize.h, which do the blocks these leave
+// (NaN / out-of-range scales, NaN / Inf codes: as simd256_dequantize.h).
+//
+// Codes go to u16 lanes; the bf16 bits of decode(code) come from one 32-entry word
+// permute (_mm512_permutexvar_epi16) of a table, decode(code) * 2^e by an add of e << 7 to
+// the exponent field of the nonzero lanes (every value is a normal bf16 in the blocks done
+// here: dequantize_in_range).
+#ifndef MXJAX_CPU_SIMD512_DEQUANTIZE_H_
+#define MXJAX_CPU_SIMD512_DEQUANTIZE_H_
+
+#include "simd256_dequantize.h"
+#include "simd512.h"
+
+#ifdef MXJAX_HAVE_SIMD512
+
+// GCC 12 warns about the _mm512_undefined_* operands inside its own intrinsics.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+namespace simd512 {
+
+inline __m512i set16(int v) { return _mm512_set1_epi16(int16_t(v)); }
+
+// bf16 bits of decode(i) for i < 32 read as a code of F (FP4: all 16 codes, sign included;
+// FP6: the 32 magnitudes; FP8: magnitudes 0-31, the rest decoded by integer ops).
+template <class F>
+struct Table32 {
+  alignas(64) uint16_t bits[32] = {};
+  constexpr Table32() {
+    for (int i = 0; i < 32 && i < (1 << F::bits); ++i) bits[i] = simd256::decoded_bf16<F>(i);
+  }
+};
+
+// Where the packed codes of one FP6 / FP4 block lie, for load_codes: a dword permute
+// brings lane L (codes 8L .. 8L + 7) the storage bytes from dword first[L] on; u16 lane i
+// then gets the two bytes holding code i's first bit (a byte shuffle), whose product with
+// mul[i] (2^(16 - bits - bit offset)) has the code in its top bits.
+template <class F>
+struct CodeLayout {
+  alignas(64) int32_t dwords[16] = {};
+  alignas(64) int8_t bytes[64] = {};
+  alignas(64) uint16_t mul[32] = {};
+  constexpr CodeLayout() {
+    for (int lane = 0; lane < 4; ++lane) {
+      const int first = F::bits * lane / 4;  // 8 codes of `bits` bits: bits bytes per lane
+      for (int k = 0; k < 4; ++k) dwords[4 * lane + k] = first + k;
+      for (int j = 0; j < 8; ++j) {
+        const int bit = F::bits * (8 * lane + j);
+        bytes[16 * lane + 2 * j] = int8_t(bit / 8 - 4 * first);
+        bytes[16 * lane + 2 * j + 1] = int8_t(bit / 8 - 4 * first + 1);
+        mul[8 * lane + j] = uint16_t(1 << (16 - F::bits - bit % 8));
+      }
+    }
+  }
+};
+
+// The 32 codes of one block in F's storage at src -> u16 lanes (code i in lane i, clean).
+template <class F>
+inline __m512i load_codes(const uint8_t* src) {
+  if constexpr (F::bits == 8) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  } else {
+    static constexpr CodeLayout<F> kLayout{};
+    constexpr __mmask16 kDwords = (1u << (block_storage<F>(32) / 4)) - 1;
+    __m512i b = _mm512_maskz_loadu_epi32(kDwords, src);
+    b = _mm512_permutexvar_epi32(_mm512_load_si512(kLayout.dwords), b);
+    b = _mm512_shuffle_epi8(b, _mm512_load_si512(kLayout.bytes));
+    return _mm512_srli_epi16(_mm512_mullo_epi16(b, _mm512_load_si512(kLayout.mul)),
+                             16 - F::bits);
+  }
+}
+
+// 32 codes (u16 lanes) -> bf16 bits of decode(code) * 2^e, e7 = e << 7 per lane (every
+// value normal, no NaN / Inf code).
+template <class F>
+inline __m512i decode32(__m512i c, __m512i e7) {
+  static constexpr Table32<F> kTable{};
+  const __m512i table = _mm512_load_si512(kTable.bits);
+  __m512i v;
+  if constexpr (F::bits == 8) {
+    // magnitudes >= 32 are normal: mag's bits moved to the bf16 fields, exponent rebiased
+    constexpr int c7 = 7 - F::man_bits;
+    v = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(c, c7), set16(F::mag_mask << c7)),
+                         set16((127 - F::bias) << 7));
+    v = _mm512_mask_permutexvar_epi16(v, _mm512_testn_epi16_mask(c, set16(0x60)), c, table);
+  } else {
+    v = _mm512_permutexvar_epi16(c, table);  // the index's low 5 bits: FP4 code, FP6 magnitude
+  }
+  v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(c, set16(F::mag_mask)), v, e7);
+  // v | (sign & 0x8000)
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 16 - F::bits), set16(0x8000), 0xF8);
+}
+
+// 32 bf16 (u16 lanes) -> out as bf16 or f32 bits.
+template <class Out>
+inline void store32(__m512i v, typename Out::T* out) {
+  if constexpr (sizeof(typename Out::T) == 2) {
+    _mm512_storeu_si512(out, v);
+  } else {  // f32 bits: bf16 bits << 16
+    _mm512_storeu_si512(out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+    _mm512_storeu_si512(out + 16, _mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+  }
+}
+
+// Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
+// full blocks here, except those dequantize_row must do. Returns the first block not done
+// (the caller finishes [that, b1)).
+template <class F, class Out>
+inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
+                                     int64_t b0, int64_t b1, typename Out::T* out) {
+  static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
+  constexpr int64_t bs = block_storage<F>(32);
+  const int64_t end = b1 < n / 32 ? b1 : n / 32;
+  for (int64_t b = b0; b < end; ++b) {
+    const __m512i c = load_codes<F>(data + b * bs);
+    bool scalar = !simd256::dequantize_in_range<F>(scales[b]);
+    if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+      scalar |= _mm512_cmpgt_epu16_mask(_mm512_and_si512(c, set16(F::mag_mask)),
+                                        set16(F::max_code)) != 0;
+    }
+    if (scalar) {
+      dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
+      continue;
+    }
+    store32<Out>(decode32<F>(c, set16((int(scales[b]) - kE8M0Bias) * 128)), out + b * 32);
+  }
+  return b0 > end ? b0 : end;
+}
+
+}  // namespace simd512
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // MXJAX_HAVE_SIMD512
+#endif  // MXJAX_CPU_SIMD512_DEQUANTIZE_H_
