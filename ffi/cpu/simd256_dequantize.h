@@ -127,6 +127,81 @@ inline void decode_fp4_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256
   *hi = _mm256_unpackhi_epi8(vlo, vhi);
 }
 
+// Byte tables of the bf16 bits of decode(m) for the 32 FP6 magnitudes m, for
+// _mm256_shuffle_epi8 (16 entries): low bytes of m < 16 (lo0), and the xor of those of m and
+// m + 16 (lo_x); the same for the high bytes. Lookups of m in lo0 and of m - 16 in lo_x
+// (which gives 0 where m < 16: the index is negative) xor to the low byte of any m < 32.
+template <class F>
+struct Fp6Tables {
+  uint8_t lo0[16] = {}, lo_x[16] = {}, hi0[16] = {}, hi_x[16] = {};
+  constexpr Fp6Tables() {
+    for (int m = 0; m < 16; ++m) {
+      const int a = decoded_bf16<F>(m), b = decoded_bf16<F>(m + 16);
+      lo0[m] = uint8_t(a);
+      lo_x[m] = uint8_t(a ^ b);
+      hi0[m] = uint8_t(a >> 8);
+      hi_x[m] = uint8_t((a ^ b) >> 8);
+    }
+  }
+};
+
+// Where the codes of one FP6 block lie, for decode_fp6_block: of the 16 bytes at storage
+// byte 0 (window 0: codes 0-15) and at byte 8 (window 1: codes 16-31), 128-bit lane h of
+// window w gets codes 16w + 8h .. + 7 in u16 lanes: the two bytes holding the code's first
+// bit (bytes[w]; 0x80: none), whose product with mul (2^(10 - bit offset)) has the code in
+// bits 10-15.
+struct Fp6Layout {
+  int8_t bytes[2][32] = {};
+  uint16_t mul[16] = {};
+  constexpr Fp6Layout() {
+    for (int w = 0; w < 2; ++w) {
+      for (int i = 0; i < 16; ++i) {
+        const int bit = 6 * (16 * w + i), byte = bit / 8 - 8 * w;
+        bytes[w][2 * i] = int8_t(byte);
+        bytes[w][2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
+        mul[i] = uint16_t(1 << (10 - bit % 8));
+      }
+    }
+  }
+};
+
+// FP6 block of 32 codes at src (24 bytes), scale 2^e (e7 = e << 7 in u16 lanes, every value
+// normal) -> bf16 bits of elements 0-15 (*lo) and 16-31 (*hi): the codes as bytes, in the
+// order that _mm256_unpack*_epi8 turns back into element order (lane h: codes 8h .. 8h + 7,
+// then 16 + 8h ..), looked up in Fp6Tables; e << 7 added to the nonzero magnitudes.
+template <class F>
+inline void decode_fp6_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256i* hi) {
+  static constexpr Fp6Layout kLayout{};
+  static constexpr Fp6Tables<F> kTables{};
+  __m256i w[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m256i b = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * i)));
+    w[i] = _mm256_shuffle_epi8(
+        b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLayout.bytes[i])));
+    w[i] = _mm256_srli_epi16(
+        _mm256_mullo_epi16(w[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLayout.mul))),
+        10);
+  }
+  const __m256i codes = _mm256_packus_epi16(w[0], w[1]);
+  const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(0x1F));
+  const __m256i mag_hi = _mm256_sub_epi8(mag, _mm256_set1_epi8(16));
+  const __m256i vlo = _mm256_xor_si256(_mm256_shuffle_epi8(byte_table(kTables.lo0), mag),
+                                       _mm256_shuffle_epi8(byte_table(kTables.lo_x), mag_hi));
+  __m256i vhi = _mm256_xor_si256(_mm256_shuffle_epi8(byte_table(kTables.hi0), mag),
+                                 _mm256_shuffle_epi8(byte_table(kTables.hi_x), mag_hi));
+  // sign: code bit 5 -> bit 7 of the high byte
+  vhi = _mm256_or_si256(vhi, _mm256_and_si256(_mm256_slli_epi16(codes, 2),
+                                              _mm256_set1_epi8(int8_t(0x80))));
+  const __m256i v[2] = {_mm256_unpacklo_epi8(vlo, vhi), _mm256_unpackhi_epi8(vlo, vhi)};
+  __m256i out[2];
+  for (int i = 0; i < 2; ++i) {  // + e7 where the magnitude is nonzero (positive as int16)
+    out[i] = _mm256_add_epi16(v[i], _mm256_sign_epi16(e7, _mm256_and_si256(v[i], set16(0x7FFF))));
+  }
+  *lo = out[0];
+  *hi = out[1];
+}
+
 // Whether every value of a block with scale byte s is a normal bf16 (and s is not NaN).
 template <class F>
 constexpr bool dequantize_in_range(int s) {
@@ -219,39 +294,49 @@ inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int6
 }
 
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
-// full blocks here, one at a time, except those dequantize_row must do. Returns the first
-// block not done (the caller finishes [that, b1)).
+// full blocks here, in rounds of 32 (those the scalar path must do are redone with
+// dequantize_row after each round, out of the hot loop). Returns the first block not done
+// (the caller finishes [that, b1)).
 template <class F, class Out>
 inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
                                      int64_t b0, int64_t b1, typename Out::T* out) {
   static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
   constexpr int64_t bs = block_storage<F>(32);
   const int64_t end = b1 < n / 32 ? b1 : n / 32;
-  for (int64_t b = b0; b < end; ++b) {
-    const uint8_t* src = data + b * bs;
-    typename Out::T* dst = out + b * 32;
-    const __m256i codes = load_codes<F>(src);
-    bool scalar = !dequantize_in_range<F>(scales[b]);
-    if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
-      const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
-      scalar |= !_mm256_testz_si256(
-          _mm256_cmpeq_epi8(_mm256_max_epu8(mag, _mm256_set1_epi8(int8_t(F::max_code + 1))), mag),
-          _mm256_set1_epi8(-1));
+  for (int64_t r = b0; r < end; r += 32) {
+    const int nblk = int(min64(32, end - r));
+    uint32_t scalar = 0;
+    for (int i = 0; i < nblk; ++i) {
+      const int64_t b = r + i;
+      const uint8_t* src = data + b * bs;
+      typename Out::T* dst = out + b * 32;
+      const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
+      scalar |= uint32_t(!dequantize_in_range<F>(scales[b])) << i;
+      __m256i lo, hi;
+      if constexpr (F::bits == 4) {
+        decode_fp4_block(src, e7, &lo, &hi);
+      } else if constexpr (F::bits == 6) {
+        decode_fp6_block<F>(src, e7, &lo, &hi);
+      } else {
+        const __m256i codes = load_codes<F>(src);
+        if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+          const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
+          scalar |= uint32_t(!_mm256_testz_si256(
+                        _mm256_cmpeq_epi8(
+                            _mm256_max_epu8(mag, _mm256_set1_epi8(int8_t(F::max_code + 1))), mag),
+                        _mm256_set1_epi8(-1)))
+                    << i;
+        }
+        lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
+        hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
+      }
+      store16<Out>(lo, dst);
+      store16<Out>(hi, dst + 16);
     }
-    if (scalar) {
+    for (; scalar != 0; scalar &= scalar - 1) {
+      const int64_t b = r + __builtin_ctz(scalar);
       dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
-      continue;
     }
-    const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
-    __m256i lo, hi;
-    if constexpr (F::bits == 4) {
-      decode_fp4_block(src, e7, &lo, &hi);
-    } else {
-      lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
-      hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
-    }
-    store16<Out>(lo, dst);
-    store16<Out>(hi, dst + 16);
   }
   return b0 > end ? b0 : end;
 }

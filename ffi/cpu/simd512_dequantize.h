@@ -110,8 +110,21 @@ inline void store32(__m512i v, typename Out::T* out) {
   }
 }
 
+// Which of the nblk (<= 32) blocks with scale bytes at s the scalar path must do (NaN or
+// out-of-range scale): bit i for block i.
+template <class F>
+inline uint32_t scalar_blocks(const uint8_t* s, int nblk) {
+  const __mmask32 live = nblk < 32 ? (1u << nblk) - 1 : ~0u;
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(live, s));
+  const int lo = kE8M0Bias + F::man_bits - F::emin - 126, hi = kE8M0Bias + 127 - F::emax;
+  static_assert(simd256::dequantize_in_range<F>(lo) && !simd256::dequantize_in_range<F>(lo - 1));
+  static_assert(simd256::dequantize_in_range<F>(hi) && !simd256::dequantize_in_range<F>(hi + 1));
+  return live & ~(_mm512_cmpge_epu16_mask(b, set16(lo)) & _mm512_cmple_epu16_mask(b, set16(hi)));
+}
+
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
-// full blocks here, except those dequantize_row must do. Returns the first block not done
+// full blocks here, in rounds of 32 (those the scalar path must do are redone with
+// dequantize_row after each round, out of the hot loop). Returns the first block not done
 // (the caller finishes [that, b1)).
 template <class F, class Out>
 inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
@@ -119,18 +132,23 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
   static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
   constexpr int64_t bs = block_storage<F>(32);
   const int64_t end = b1 < n / 32 ? b1 : n / 32;
-  for (int64_t b = b0; b < end; ++b) {
-    const __m512i c = load_codes<F>(data + b * bs);
-    bool scalar = !simd256::dequantize_in_range<F>(scales[b]);
-    if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
-      scalar |= _mm512_cmpgt_epu16_mask(_mm512_and_si512(c, set16(F::mag_mask)),
-                                        set16(F::max_code)) != 0;
+  for (int64_t r = b0; r < end; r += 32) {
+    const int nblk = int(min64(32, end - r));
+    uint32_t scalar = scalar_blocks<F>(scales + r, nblk);
+    for (int i = 0; i < nblk; ++i) {
+      const int64_t b = r + i;
+      const __m512i c = load_codes<F>(data + b * bs);
+      if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+        const __mmask32 special = _mm512_cmpgt_epu16_mask(
+            _mm512_and_si512(c, set16(F::mag_mask)), set16(F::max_code));
+        scalar |= uint32_t(special != 0) << i;
+      }
+      store32<Out>(decode32<F>(c, set16((int(scales[b]) - kE8M0Bias) * 128)), out + b * 32);
     }
-    if (scalar) {
+    for (; scalar != 0; scalar &= scalar - 1) {
+      const int64_t b = r + __builtin_ctz(scalar);
       dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
-      continue;
     }
-    store32<Out>(decode32<F>(c, set16((int(scales[b]) - kE8M0Bias) * 128)), out + b * 32);
   }
   return b0 > end ? b0 : end;
 }
