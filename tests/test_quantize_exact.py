@@ -285,6 +285,21 @@ def test_wide_rows_and_columns_with_mixed_blocks(shape, fmt):
                                     np.asarray(scales).view(np.uint8))
 
 
+@pytest.mark.parametrize("shape", [(40, 2087), (3, 8200)])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequantize_wide_rows_with_mixed_blocks(shape, fmt):
+  """Dequantize of rows (and columns) of 65-256 blocks that mix the blocks the vector paths
+  take with those they leave to the scalar path (NaN scales, scales so small or large that
+  some value is no normal bf16), in the same rounds of blocks; ragged ends."""
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1] + 1))
+  for axis in (1, 0):
+    a = quantize(x, fmt, axis=axis)
+    for dtype in DTYPES:
+      want = reference.dequantize(a.data, a.scales, fmt, axis=axis, block_size=32,
+                                  shape=x.shape, dtype=dtype)
+      assert_same_floats(dequantize(a, dtype), want)
+
+
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_dequantize_columnwise_every_code_and_scale(fmt):
   """Along axis 0, every code under every scale byte, in 16- and 32-column SIMD strips and

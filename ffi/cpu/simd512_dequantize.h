@@ -38,25 +38,24 @@ struct Table32 {
   }
 };
 
-// Where the packed codes of one FP6 / FP4 block lie, for load_codes: a dword permute
-// brings lane L (codes 8L .. 8L + 7) the storage bytes from dword first[L] on; u16 lane i
-// then gets the two bytes holding code i's first bit (a byte shuffle), whose product with
-// mul[i] (2^(16 - bits - bit offset)) has the code in its top bits.
+// Where the packed codes of one FP6 / FP4 block lie, for load_codes: 128-bit lanes 0-1 hold
+// the block's 16 storage bytes from byte 0, lanes 2-3 those from byte kHalf<F> (FP6: 8, the
+// last 16 of its 24); u16 lane i then gets the two bytes holding code i's first bit (a byte
+// shuffle; 0x80: none), whose product with mul[i] (2^(16 - bits - bit offset)) has the code
+// in its top bits.
+template <class F>
+constexpr int kHalf = F::bits == 6 ? 8 : 0;
+
 template <class F>
 struct CodeLayout {
-  alignas(64) int32_t dwords[16] = {};
   alignas(64) int8_t bytes[64] = {};
   alignas(64) uint16_t mul[32] = {};
   constexpr CodeLayout() {
-    for (int lane = 0; lane < 4; ++lane) {
-      const int first = F::bits * lane / 4;  // 8 codes of `bits` bits: bits bytes per lane
-      for (int k = 0; k < 4; ++k) dwords[4 * lane + k] = first + k;
-      for (int j = 0; j < 8; ++j) {
-        const int bit = F::bits * (8 * lane + j);
-        bytes[16 * lane + 2 * j] = int8_t(bit / 8 - 4 * first);
-        bytes[16 * lane + 2 * j + 1] = int8_t(bit / 8 - 4 * first + 1);
-        mul[8 * lane + j] = uint16_t(1 << (16 - F::bits - bit % 8));
-      }
+    for (int i = 0; i < 32; ++i) {
+      const int bit = F::bits * i, byte = bit / 8 - (i >= 16 ? kHalf<F> : 0);
+      bytes[2 * i] = int8_t(byte);
+      bytes[2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
+      mul[i] = uint16_t(1 << (16 - F::bits - bit % 8));
     }
   }
 };
@@ -68,9 +67,10 @@ inline __m512i load_codes(const uint8_t* src) {
     return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   } else {
     static constexpr CodeLayout<F> kLayout{};
-    constexpr __mmask16 kDwords = (1u << (block_storage<F>(32) / 4)) - 1;
-    __m512i b = _mm512_maskz_loadu_epi32(kDwords, src);
-    b = _mm512_permutexvar_epi32(_mm512_load_si512(kLayout.dwords), b);
+    auto window = [&](int at) {  // 16 bytes at src + at, in both lanes of a 256-bit half
+      return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at)));
+    };
+    __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(window(0)), window(kHalf<F>), 1);
     b = _mm512_shuffle_epi8(b, _mm512_load_si512(kLayout.bytes));
     return _mm512_srli_epi16(_mm512_mullo_epi16(b, _mm512_load_si512(kLayout.mul)),
                              16 - F::bits);
@@ -115,7 +115,10 @@ inline void store32(__m512i v, typename Out::T* out) {
 template <class F>
 inline uint32_t scalar_blocks(const uint8_t* s, int nblk) {
   const __mmask32 live = nblk < 32 ? (1u << nblk) - 1 : ~0u;
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(live, s));
+  // (a masked load only for the last round of a row: they are slow across cache lines)
+  const __m256i bytes = nblk == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s))
+                                   : _mm256_maskz_loadu_epi8(live, s);
+  const __m512i b = _mm512_cvtepu8_epi16(bytes);
   const int lo = kE8M0Bias + F::man_bits - F::emin - 126, hi = kE8M0Bias + 127 - F::emax;
   static_assert(simd256::dequantize_in_range<F>(lo) && !simd256::dequantize_in_range<F>(lo - 1));
   static_assert(simd256::dequantize_in_range<F>(hi) && !simd256::dequantize_in_range<F>(hi + 1));
