@@ -338,6 +338,22 @@ def test_inputs_past_the_streaming_store_size(shape, fmt):
     assert_same_quantized(got, data, scales)
 
 
+@pytest.mark.parametrize("shape_dtype", [((2048, 8200), jnp.bfloat16), ((1024, 8200), jnp.float32)],
+                         ids=["bf16", "f32"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequantize_outputs_past_the_streaming_store_size(shape_dtype, fmt):
+  """Dequantize outputs of 32 MiB and more go out with streaming stores, in rows whose blocks
+  are whole aligned lines (here every 4th row: 8200 columns), with the ragged row ends, the
+  other rows and the blocks left to the scalar path written with ordinary stores."""
+  shape, dtype = shape_dtype
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[0]))
+  assert math.prod(shape) * jnp.dtype(dtype).itemsize >= 32 << 20
+  a = quantize(x, fmt)
+  want = reference.dequantize(a.data, a.scales, fmt, axis=1, block_size=32, shape=shape,
+                              dtype=dtype)
+  assert_same_floats(dequantize(a, dtype), want)
+
+
 def small_scale_blocks(rows: int, blocks: int) -> np.ndarray:
   """[rows, 32 * blocks] bf16: blocks whose amax has exponent field 1 .. 32 (scale bytes at the
   low end that the SIMD encoders take), the other elements bf16 subnormals and normals one to

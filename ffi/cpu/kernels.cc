@@ -297,6 +297,9 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
     const int64_t nb = ceil_div(p.n, p.block);
     const int64_t storage = ceil_div(p.n, F::group_codes) * F::group_bytes;
     const int block = int(p.block);
+    // Outputs larger than the last-level cache: rows whose blocks are whole 64-byte lines
+    // (aligned) are written with streaming stores (stream.h).
+    const bool stream = p.outer * p.n * p.inner * int64_t(sizeof(T)) >= cpu::kStreamMinBytes;
     if (p.inner == 1) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
@@ -305,8 +308,10 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
         if constexpr (!std::is_same_v<Out, F16>) {
           if (block == 32) {
+            T* o = out + row * p.n;
+            const bool aligned = reinterpret_cast<uintptr_t>(o) % 64 == 0;
             b0 = simd::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
-                                                     p.n, b0, b1, out + row * p.n);
+                                                     p.n, b0, b1, o, stream && aligned);
           }
         }
 #endif
@@ -316,6 +321,7 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
         }
         u += b1 - u % nb;
       }
+      if (stream) stream_fence();
       return;
     }
     for (int64_t u = begin; u < end; ++u) {

@@ -5,6 +5,7 @@
 #define MXJAX_CPU_SIMD256_DEQUANTIZE_H_
 
 #include "simd256.h"
+#include "stream.h"
 
 #ifdef MXJAX_HAVE_SIMD256
 
@@ -15,32 +16,9 @@ namespace simd256 {
 // Element values have at most 4 significant bits, so decode(code) * 2^e is a
 // bf16 whenever it is a normal number: its bits are those of decode(code) with e added to
 // the exponent field. Blocks where some value could leave the normal range (by their scale
-// byte), NaN scales and NaN / Inf codes go to the scalar path.
-
-// The 32 codes of one block in F's storage at src -> bytes in order (lane h: codes 16h..).
-template <class F>
-inline __m256i load_codes(const uint8_t* src) {
-  if constexpr (F::bits == 8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  } else if constexpr (F::bits == 4) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    return _mm256_setr_m128i(_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
-  } else {
-    // 3 bytes -> u32 lane w = b0 | b1 << 8 | b2 << 16 -> 4 codes of 6 bits, one per byte
-    const __m256i b = _mm256_setr_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)),
-                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8)));
-    const __m256i w = _mm256_shuffle_epi8(
-        b, _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
-                            4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1));
-    const __m256i m = set32(0x3F);
-    __m256i c = _mm256_and_si256(w, m);
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m, 8)));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 4), _mm256_slli_epi32(m, 16)));
-    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 6), _mm256_slli_epi32(m, 24)));
-  }
-}
+// byte), NaN scales and NaN / Inf codes go to the scalar path. decode(code): FP8 by integer
+// ops (decode16), FP6 and FP4 by byte-shuffle table lookups (decode_fp6_block,
+// decode_fp4_block).
 
 // bf16 bits of decode(code) for a code of F that is no NaN / Inf (exact: element values have
 // at most 4 significant bits; subnormals m * 2^(emin - man) normalized).
@@ -145,22 +123,25 @@ struct Fp6Tables {
   }
 };
 
-// Where the codes of one FP6 block lie, for decode_fp6_block: of the 16 bytes at storage
-// byte 0 (window 0: codes 0-15) and at byte 8 (window 1: codes 16-31), 128-bit lane h of
-// window w gets codes 16w + 8h .. + 7 in u16 lanes: the two bytes holding the code's first
-// bit (bytes[w]; 0x80: none), whose product with mul (2^(10 - bit offset)) has the code in
-// bits 10-15.
-struct Fp6Layout {
-  int8_t bytes[2][32] = {};
-  uint16_t mul[16] = {};
-  constexpr Fp6Layout() {
-    for (int w = 0; w < 2; ++w) {
-      for (int i = 0; i < 16; ++i) {
-        const int bit = 6 * (16 * w + i), byte = bit / 8 - 8 * w;
-        bytes[w][2 * i] = int8_t(byte);
-        bytes[w][2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
-        mul[i] = uint16_t(1 << (10 - bit % 8));
-      }
+// Where the packed codes of one FP6 / FP4 block lie (decode_fp6_block here, and
+// simd512::load_codes): codes 0-15 are read from the 16 storage bytes at byte 0, codes
+// 16-31 from those at byte kHalf<F> (FP6: 8, the last 16 of its 24), in both 128-bit lanes;
+// u16 lane i gets the two bytes holding code i's first bit (bytes[2i], bytes[2i + 1]: a byte
+// shuffle; 0x80: none), whose product with mul[i] (2^(16 - bits - bit offset)) has the code
+// in its top bits.
+template <class F>
+constexpr int kHalf = F::bits == 6 ? 8 : 0;
+
+template <class F>
+struct CodeLayout {
+  alignas(64) int8_t bytes[64] = {};
+  alignas(64) uint16_t mul[32] = {};
+  constexpr CodeLayout() {
+    for (int i = 0; i < 32; ++i) {
+      const int bit = F::bits * i, byte = bit / 8 - (i >= 16 ? kHalf<F> : 0);
+      bytes[2 * i] = int8_t(byte);
+      bytes[2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
+      mul[i] = uint16_t(1 << (16 - F::bits - bit % 8));
     }
   }
 };
@@ -171,17 +152,16 @@ struct Fp6Layout {
 // then 16 + 8h ..), looked up in Fp6Tables; e << 7 added to the nonzero magnitudes.
 template <class F>
 inline void decode_fp6_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256i* hi) {
-  static constexpr Fp6Layout kLayout{};
+  static constexpr CodeLayout<F> kLayout{};
   static constexpr Fp6Tables<F> kTables{};
-  __m256i w[2];
+  __m256i w[2];  // codes 16i .. 16i + 15 in u16 lanes
   for (int i = 0; i < 2; ++i) {
     const __m256i b = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * i)));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kHalf<F> * i)));
     w[i] = _mm256_shuffle_epi8(
-        b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLayout.bytes[i])));
-    w[i] = _mm256_srli_epi16(
-        _mm256_mullo_epi16(w[i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLayout.mul))),
-        10);
+        b, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.bytes + 32 * i)));
+    const __m256i mul = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.mul + 16 * i));
+    w[i] = _mm256_srli_epi16(_mm256_mullo_epi16(w[i], mul), 16 - F::bits);
   }
   const __m256i codes = _mm256_packus_epi16(w[0], w[1]);
   const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(0x1F));
@@ -209,16 +189,22 @@ constexpr bool dequantize_in_range(int s) {
   return s != kE8M0NaN && e >= F::man_bits - F::emin - 126 && e <= 127 - F::emax;
 }
 
-// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits.
+// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits; `stream`: with streaming stores (out
+// 32-byte aligned).
 template <class Out>
-inline void store16(__m256i v, typename Out::T* out) {
+inline void store16(__m256i v, typename Out::T* out, bool stream = false) {
+  auto store = [&](__m256i x, void* at) {
+    if (stream) {
+      _mm256_stream_si256(static_cast<__m256i*>(at), x);
+    } else {
+      _mm256_storeu_si256(static_cast<__m256i*>(at), x);
+    }
+  };
   if constexpr (sizeof(typename Out::T) == 2) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+    store(v, out);
   } else {  // f32 bits: bf16 bits << 16
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16), out);
+    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16), out + 8);
   }
 }
 
@@ -295,11 +281,12 @@ inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int6
 
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
 // full blocks here, in rounds of 32 (those the scalar path must do are redone with
-// dequantize_row after each round, out of the hot loop). Returns the first block not done
-// (the caller finishes [that, b1)).
+// dequantize_row after each round, out of the hot loop). `stream`: whole blocks go out with
+// streaming stores (out 64-byte aligned: each block is whole lines). Returns the first
+// block not done (the caller finishes [that, b1)).
 template <class F, class Out>
 inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
-                                     int64_t b0, int64_t b1, typename Out::T* out) {
+                                     int64_t b0, int64_t b1, typename Out::T* out, bool stream) {
   static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
   constexpr int64_t bs = block_storage<F>(32);
   const int64_t end = b1 < n / 32 ? b1 : n / 32;
@@ -318,7 +305,7 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
       } else if constexpr (F::bits == 6) {
         decode_fp6_block<F>(src, e7, &lo, &hi);
       } else {
-        const __m256i codes = load_codes<F>(src);
+        const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
         if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
           const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
           scalar |= uint32_t(!_mm256_testz_si256(
@@ -330,9 +317,10 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
         lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
         hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
       }
-      store16<Out>(lo, dst);
-      store16<Out>(hi, dst + 16);
+      store16<Out>(lo, dst, stream);
+      store16<Out>(hi, dst + 16, stream);
     }
+    if (stream && scalar != 0) stream_fence();  // the scalar path rewrites streamed lines
     for (; scalar != 0; scalar &= scalar - 1) {
       const int64_t b = r + __builtin_ctz(scalar);
       dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);

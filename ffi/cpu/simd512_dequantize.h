@@ -38,39 +38,19 @@ struct Table32 {
   }
 };
 
-// Where the packed codes of one FP6 / FP4 block lie, for load_codes: 128-bit lanes 0-1 hold
-// the block's 16 storage bytes from byte 0, lanes 2-3 those from byte kHalf<F> (FP6: 8, the
-// last 16 of its 24); u16 lane i then gets the two bytes holding code i's first bit (a byte
-// shuffle; 0x80: none), whose product with mul[i] (2^(16 - bits - bit offset)) has the code
-// in its top bits.
-template <class F>
-constexpr int kHalf = F::bits == 6 ? 8 : 0;
-
-template <class F>
-struct CodeLayout {
-  alignas(64) int8_t bytes[64] = {};
-  alignas(64) uint16_t mul[32] = {};
-  constexpr CodeLayout() {
-    for (int i = 0; i < 32; ++i) {
-      const int bit = F::bits * i, byte = bit / 8 - (i >= 16 ? kHalf<F> : 0);
-      bytes[2 * i] = int8_t(byte);
-      bytes[2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
-      mul[i] = uint16_t(1 << (16 - F::bits - bit % 8));
-    }
-  }
-};
-
 // The 32 codes of one block in F's storage at src -> u16 lanes (code i in lane i, clean).
 template <class F>
 inline __m512i load_codes(const uint8_t* src) {
   if constexpr (F::bits == 8) {
     return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   } else {
-    static constexpr CodeLayout<F> kLayout{};
+    static constexpr simd256::CodeLayout<F> kLayout{};
     auto window = [&](int at) {  // 16 bytes at src + at, in both lanes of a 256-bit half
-      return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at)));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + at));
+      return _mm256_broadcastsi128_si256(b);
     };
-    __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(window(0)), window(kHalf<F>), 1);
+    __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(window(0)), window(simd256::kHalf<F>),
+                                   1);
     b = _mm512_shuffle_epi8(b, _mm512_load_si512(kLayout.bytes));
     return _mm512_srli_epi16(_mm512_mullo_epi16(b, _mm512_load_si512(kLayout.mul)),
                              16 - F::bits);
@@ -98,15 +78,22 @@ inline __m512i decode32(__m512i c, __m512i e7) {
   return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 16 - F::bits), set16(0x8000), 0xF8);
 }
 
-// 32 bf16 (u16 lanes) -> out as bf16 or f32 bits.
+// 32 bf16 (u16 lanes) -> out as bf16 or f32 bits; `stream`: with streaming stores (out
+// 64-byte aligned).
 template <class Out>
-inline void store32(__m512i v, typename Out::T* out) {
+inline void store32(__m512i v, typename Out::T* out, bool stream) {
+  auto store = [&](__m512i x, void* at) {
+    if (stream) {
+      _mm512_stream_si512(static_cast<__m512i*>(at), x);
+    } else {
+      _mm512_storeu_si512(at, x);
+    }
+  };
   if constexpr (sizeof(typename Out::T) == 2) {
-    _mm512_storeu_si512(out, v);
+    store(v, out);
   } else {  // f32 bits: bf16 bits << 16
-    _mm512_storeu_si512(out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
-    _mm512_storeu_si512(out + 16, _mm512_slli_epi32(
-                                      _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+    store(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16), out);
+    store(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16), out + 16);
   }
 }
 
@@ -125,13 +112,11 @@ inline uint32_t scalar_blocks(const uint8_t* s, int nblk) {
   return live & ~(_mm512_cmpge_epu16_mask(b, set16(lo)) & _mm512_cmple_epu16_mask(b, set16(hi)));
 }
 
-// Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
-// full blocks here, in rounds of 32 (those the scalar path must do are redone with
-// dequantize_row after each round, out of the hot loop). Returns the first block not done
-// (the caller finishes [that, b1)).
+// Dequantizes rowwise blocks [b0, b1) of a row (as simd256::dequantize_row_blocks, `stream`
+// included).
 template <class F, class Out>
 inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
-                                     int64_t b0, int64_t b1, typename Out::T* out) {
+                                     int64_t b0, int64_t b1, typename Out::T* out, bool stream) {
   static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
   constexpr int64_t bs = block_storage<F>(32);
   const int64_t end = b1 < n / 32 ? b1 : n / 32;
@@ -146,8 +131,10 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
             _mm512_and_si512(c, set16(F::mag_mask)), set16(F::max_code));
         scalar |= uint32_t(special != 0) << i;
       }
-      store32<Out>(decode32<F>(c, set16((int(scales[b]) - kE8M0Bias) * 128)), out + b * 32);
+      store32<Out>(decode32<F>(c, set16((int(scales[b]) - kE8M0Bias) * 128)), out + b * 32,
+                   stream);
     }
+    if (stream && scalar != 0) stream_fence();  // the scalar path rewrites streamed lines
     for (; scalar != 0; scalar &= scalar - 1) {
       const int64_t b = r + __builtin_ctz(scalar);
       dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
