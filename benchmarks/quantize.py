@@ -5,20 +5,22 @@ For each format: rowwise quantize (along the last axis) and rowwise + columnwise
 baseline does float math (FP8 formats; not bit-exact at the edges, only a speed baseline)
 or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
 
-  python benchmarks/quantize.py [--formats e4m3,e2m1] [--shape 8192,8192] [--reps 7]
+  python benchmarks/quantize.py [--formats e4m3,e2m1] [--shape 8192,8192] [--reps 9]
   python benchmarks/quantize.py --warm-allocator   # see below
   python benchmarks/quantize.py --shape 16384,16384 # on a GPU (issue goal: >= 80% of copy)
   python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
 
-It also times an elementwise op that reads and writes every byte once (flipping the bf16
-sign bits as uint16) and prints the
-kernel's memory traffic (input + data + scales) per second as a share of that op's (on
-GPUs; XLA's CPU elementwise ops are no bandwidth reference). On CPU the reference is the
-copy bandwidth on every core (benchmarks/roofline.py, measured in the same run): rowwise
-quantize and dequantize print their traffic as a fraction of it (issue 13 goals: >= 0.8
-for FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time). The 2x / row line
-also prints the ratio of the bytes each moves: the time ratio of two kernels at the same
-bandwidth (1.34 for FP8: a second output of 1 + 1/32 bytes per element on 3.03).
+The kernels are timed in turn with a copy in every repetition. Each ratio is printed two
+ways: "B (median M)", B from each side's fastest run, M the median over the repetitions
+of the ratio within each (a neighbour's load or the bandwidth's drift then moves both
+sides alike). On CPU the copy is a memcpy on every core (benchmarks/roofline.py): rowwise
+quantize, quantize_2x and dequantize print their traffic (input + data + scales) per
+second as a fraction of the copy's (issue 13 goals: >= 0.8 for FP8 / FP4, >= 0.6 for FP6;
+quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an elementwise op that reads
+and writes every byte once (flipping the bf16 sign bits as uint16; XLA's CPU elementwise
+ops run on one thread, no bandwidth reference). The 2x / row line also prints the ratio
+of the bytes each moves: the time ratio of two kernels at the same bandwidth (1.34 for
+FP8: a second output of 1 + 1/32 bytes per element on 3.03).
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import sys
 
 import jax
@@ -39,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from roofline import copy_bandwidth, quantize_bytes  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from roofline import parallel_copy, quantize_bytes  # noqa: E402
+from timing import interleaved_medians, interleaved_times  # noqa: E402
 
 from mxjax import _ffi, formats, reference, xla_codec  # noqa: E402
 from mxjax.quantize import dequantize, quantize, quantize_2x  # noqa: E402
@@ -66,36 +69,50 @@ WARM_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32),
                       "MALLOC_TRIM_THRESHOLD_": str(1 << 36), "MALLOC_TOP_PAD_": str(1 << 30)}
 
 
-def bench(fmt: str, shape, reps: int) -> dict:
-  """Median seconds of the kernels and of the jnp baselines. Each group is interleaved only
-  within itself: the jnp baselines churn through GiBs of temporaries, and timed between them
-  the kernels ran 1.5-2x slower than alone (8192^2 on a 2-core CPU)."""
+def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
+  """Seconds per repetition ({name: [reps floats]}) of the kernels, a parallel copy (on CPU,
+  the roofline; benchmarks/roofline.py) and the jnp baselines; and the bytes the copy moves. The kernels and the copy are
+  interleaved with each other, so each repetition's times pair up; the jnp baselines only
+  among themselves: they churn through GiBs of temporaries, and timed between them the
+  kernels ran 1.5-2x slower than alone (8192^2 on a 2-core CPU)."""
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
-  kernels = {
-      "copy": jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000),
-      "kernel_row": jax.jit(lambda x: quantize(x, fmt)),
-      "kernel_2x": jax.jit(lambda x: quantize_2x(x, fmt)),
-  }
+  q = jax.jit(lambda x: quantize(x, fmt))(x)
+  row, both = jax.jit(lambda x: quantize(x, fmt)), jax.jit(lambda x: quantize_2x(x, fmt))
+  deq = jax.jit(lambda q: dequantize(q, jnp.bfloat16))
+  if jax.devices()[0].platform == "cpu":
+    copy, copy_bytes = parallel_copy()
+  else:  # an elementwise op that reads and writes every input byte once
+    flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000)
+    copy, copy_bytes = functools.partial(flip, x), 4 * x.size
+  kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_2x": lambda: both(x),
+             "deq": lambda: deq(q)}
   baselines = {
       "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
       "jnp_2x": jax.jit(lambda x: (jnp_quantize(x, fmt, -1), jnp_quantize(x, fmt, -2))),
   }
-  return {**interleaved_medians(kernels, x, reps=reps),
-          **interleaved_medians(baselines, x, reps=reps)}
+  times = {**interleaved_times(kernels, reps=reps), **interleaved_times(baselines, x, reps=reps)}
+  return times, copy_bytes
 
 
-def cpu_roofline(fmt: str, shape, row_seconds: float, reps: int) -> None:
-  """Prints rowwise quantize and dequantize (to bf16) as fractions of the CPU roofline: copy
-  bandwidth on every core (measured now, best of several) / the bytes each moves."""
-  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
-  q = jax.jit(lambda x: quantize(x, fmt))(x)
-  deq = interleaved_medians({"deq": jax.jit(lambda q: dequantize(q, jnp.bfloat16))}, q,
-                            reps=reps)["deq"]
-  bw = copy_bandwidth()
-  nbytes = quantize_bytes(int(np.prod(shape)), shape[-1], formats.element_format(fmt).bits)
-  print(f"{fmt:7} roofline (copy {bw / 1e9:.1f} GB/s, {nbytes / np.prod(shape):.2f} B/elem): "
-        f"rowwise {nbytes / row_seconds / bw:.2f}, dequantize {deq * 1e3:.2f} ms = "
-        f"{nbytes / deq / bw:.2f}")
+def ratio(top: list, bottom: list, scale: float = 1.0) -> str:
+  """`scale * top / bottom` of two interleaved lists of seconds, as 'B (median M)': B from
+  each side's fastest run, M the median over the repetitions of the ratio within each."""
+  best = scale * min(top) / min(bottom)
+  pairs = statistics.median(scale * a / b for a, b in zip(top, bottom))
+  return f"{best:.2f} (median {pairs:.2f})"
+
+
+def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int) -> None:
+  """Prints rowwise quantize, quantize_2x and dequantize (to bf16) as fractions of the CPU
+  roofline: the bytes each moves per second over the parallel copy's (see `ratio`)."""
+  n, bits = int(np.prod(shape)), formats.element_format(fmt).bits
+  moved = {"kernel_row": quantize_bytes(n, shape[-1], bits),
+           "kernel_2x": quantize_bytes(n, shape[-1], bits, outputs=2),
+           "deq": quantize_bytes(n, shape[-1], bits)}
+  fraction = {name: ratio(t["copy"], t[name], b / copy_bytes) for name, b in moved.items()}
+  print(f"{fmt:7} roofline (copy {copy_bytes / min(t['copy']) / 1e9:.1f} GB/s, "
+        f"{moved['kernel_row'] / n:.2f} B/elem): rowwise {fraction['kernel_row']}, "
+        f"2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}")
 
 
 def bench_xla_path(fmts, shape, reps: int):
@@ -125,7 +142,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
   parser.add_argument("--shape", default="8192,8192", help="input shape, e.g. 8192,8192")
-  parser.add_argument("--reps", type=int, default=7, help="timed repetitions (median)")
+  parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
   parser.add_argument("--warm-allocator", action="store_true",
                       help="rerun with glibc keeping freed memory (CPU page-fault effect)")
   parser.add_argument("--xla-path", action="store_true",
@@ -146,7 +163,8 @@ def main(argv=None):
   print(f"{'format':7} {'op':6} {'kernel ms':>10} {'Gelem/s':>8} {'jnp ms':>9} {'Gelem/s':>8} "
         f"{'speedup':>8}")
   for fmt in args.formats.split(","):
-    t = bench(fmt, shape, args.reps)
+    times, copy_bytes = bench(fmt, shape, args.reps)
+    t = {name: statistics.median(v) for name, v in times.items()}
     for op in ("row", "2x"):
       k, j = t[f"kernel_{op}"], t[f"jnp_{op}"]
       print(f"{fmt:7} {op:6} {k * 1e3:10.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {n / j / 1e9:8.2f} "
@@ -154,18 +172,17 @@ def main(argv=None):
     bits = formats.element_format(fmt).bits
     floor = quantize_bytes(n, shape[-1], bits, outputs=2) / quantize_bytes(n, shape[-1], bits)
     print(f"{fmt:7} (rowwise+columnwise time) / (rowwise time) = "
-          f"{t['kernel_2x'] / t['kernel_row']:.2f}  (bytes moved: {floor:.2f}; "
-          f"jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
+          f"{ratio(times['kernel_2x'], times['kernel_row'])}  "
+          f"(bytes moved: {floor:.2f}; jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
     if device.platform == "cpu":  # XLA's CPU elementwise ops are no bandwidth reference
-      cpu_roofline(fmt, shape, t["kernel_row"], args.reps)
+      cpu_roofline(fmt, shape, times, copy_bytes)
       continue
     f = formats.element_format(fmt)
     row_bytes = n * 2 + f.storage_length(shape[-1]) * n // shape[-1] + n // 32
-    copy_bw = 4 * n / t["copy"]
+    copy_bw = copy_bytes / t["copy"]
     print(f"{fmt:7} rowwise traffic {row_bytes / t['kernel_row'] / 1e9:.1f} GB/s = "
           f"{row_bytes / t['kernel_row'] / copy_bw:.0%} of the elementwise copy's "
           f"{copy_bw / 1e9:.1f} GB/s")
-
 
 if __name__ == "__main__":
   main()

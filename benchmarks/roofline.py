@@ -1,7 +1,7 @@
 """The CPU memory roofline: copy bandwidth on every core, measured in the caller's run.
 
 XLA's CPU elementwise ops run on one thread, so they are no bandwidth reference for the
-kernels, which use XLA's whole thread pool. `copy_bandwidth` copies a buffer with numpy
+kernels, which use XLA's whole thread pool. `parallel_copy` copies a buffer with numpy
 (memcpy, GIL released) from one thread per core and counts bytes read + bytes written.
 
 Store kinds: glibc's memcpy writes copies this large (128 MiB per thread, past its
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import numpy as np
 
 
-def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5, threads: int | None = None) -> float:
-  """Best bytes/s (read + written) of a parallel `nbytes` memcpy over `reps` runs."""
+def parallel_copy(nbytes: int = 256 << 20, threads: int | None = None):
+  """A function that copies an `nbytes` buffer with one thread per core; with the bytes each
+  call moves (read + written)."""
   threads = threads or os.cpu_count() or 1
   src = np.ones(nbytes, np.uint8)
-  dst = np.zeros_like(src)  # written once below, so its pages are faulted in
+  dst = np.zeros_like(src)  # written here, so its pages are faulted in before any timing
   bounds = [nbytes * i // threads // 64 * 64 for i in range(threads)] + [nbytes]
   pieces = [(src[a:b], dst[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -35,13 +35,7 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5, threads: int | None =
     for w in workers:
       w.join()
 
-  copy_all()
-  best = float("inf")
-  for _ in range(reps):
-    start = time.perf_counter()
-    copy_all()
-    best = min(best, time.perf_counter() - start)
-  return 2 * nbytes / best
+  return copy_all, 2 * nbytes
 
 
 def quantize_bytes(n: int, k: int, bits: int, block: int = 32, in_bytes: int = 2,

@@ -20,9 +20,10 @@ def median_seconds(fn, *args, reps: int = 7, warmup: int = 2) -> float:
   return statistics.median(times)
 
 
-def interleaved_medians(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dict:
-  """Like `median_seconds` for several functions, timed in turn within each repetition,
-  so that a noisy neighbour slows all of them alike."""
+def interleaved_times(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dict:
+  """Wall seconds of each `fn(*args)` per repetition ({name: [reps floats]}), the functions
+  timed in turn within each repetition, so that a noisy neighbour slows all of them alike
+  and the times of one repetition can be compared pairwise."""
   for fn in fns.values():
     for _ in range(warmup):
       jax.block_until_ready(fn(*args))
@@ -32,6 +33,12 @@ def interleaved_medians(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dic
       start = time.perf_counter()
       jax.block_until_ready(fn(*args))
       times[name].append(time.perf_counter() - start)
+  return times
+
+
+def interleaved_medians(fns: dict, *args, reps: int = 7, warmup: int = 2) -> dict:
+  """The median of each function's `interleaved_times`."""
+  times = interleaved_times(fns, *args, reps=reps, warmup=warmup)
   return {name: statistics.median(t) for name, t in times.items()}
 
 
