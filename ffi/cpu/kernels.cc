@@ -330,11 +330,11 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
       const uint8_t* dt = p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner;
       const uint8_t* st = p.scales + (t.o * nb + t.j) * p.inner;
       T* ot = out + (t.o * p.n + t.j * p.block) * p.inner;
-#ifdef MXJAX_HAVE_SIMD256
+#ifdef MXJAX_HAVE_SIMD_ROWS
       static_assert(kUnitCols <= simd256::kMaxTileCols);
       if constexpr (!std::is_same_v<Out, F16>) {
         if (block == 32) {
-          simd256::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
+          simd::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
           continue;
         }
       }

@@ -232,51 +232,79 @@ inline void load_col_group(const uint8_t* data, int64_t ld, __m256i* codes) {
   }
 }
 
+// What col_tile needs of a vector width: strips of kCols columns (u16 lanes), e7 (scale
+// e << 7 per lane) from their scale bytes, the codes of a storage group (load_col_group),
+// whether a vector of codes holds a NaN / Inf code, and the decode + store of one row.
+struct ColStrip256 {
+  static constexpr int kCols = 16;
+  using Vec = __m256i;
+  static Vec e7(const uint8_t* s) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    return _mm256_slli_epi16(_mm256_sub_epi16(b, set16(kE8M0Bias)), 7);
+  }
+  template <class F>
+  static void load_group(const uint8_t* data, int64_t ld, Vec* codes) {
+    load_col_group<F>(data, ld, codes);
+  }
+  template <class F>
+  static bool special(Vec c) {  // magnitude above max_code
+    const __m256i mag = _mm256_and_si256(c, set16(F::mag_mask));
+    return !_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1));
+  }
+  template <class F, class Out>
+  static void decode_store(Vec c, Vec e7, typename Out::T* out) {
+    store16<Out>(decode16<F>(c, e7), out);
+  }
+};
+
 // Dequantizes columns [c0, c1) of a column tile (layout as in dequantize_cols: `rows` <= 32
-// outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: 16-column
-// strips row by row (rows `ld` apart alias in L1, so each output row is written in one go),
-// then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf code and for
-// the columns past the last strip.
+// outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: strips of
+// S::kCols columns row by row (rows `ld` apart alias in L1, so each output row is written in
+// one go), then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf
+// code and for the columns past the last strip.
 constexpr int kMaxTileCols = 512;
 
-template <class F, class Out>
-inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
-                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
-  const int strips = int((c1 - c0) / 16);
-  __m256i e7[kMaxTileCols / 16];
-  uint32_t scalar[kMaxTileCols / 16 / 32 + 1] = {};
+template <class S, class F, class Out>
+inline void col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld, int rows,
+                     int64_t c0, int64_t c1, typename Out::T* out) {
+  constexpr int W = S::kCols;
+  const int strips = int((c1 - c0) / W);
+  typename S::Vec e7[kMaxTileCols / W];
+  uint32_t scalar[kMaxTileCols / W / 32 + 1] = {};
   for (int j = 0; j < strips; ++j) {
-    const uint8_t* s = scales + c0 + 16 * j;
+    const uint8_t* s = scales + c0 + W * j;
     bool ok = true;
-    for (int c = 0; c < 16; ++c) ok &= dequantize_in_range<F>(s[c]);
+    for (int c = 0; c < W; ++c) ok &= dequantize_in_range<F>(s[c]);
     if (!ok) scalar[j / 32] |= 1u << (j % 32);
-    e7[j] = _mm256_slli_epi16(
-        _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))),
-                         set16(kE8M0Bias)), 7);
+    e7[j] = S::e7(s);
   }
   const int groups = (rows + F::group_codes - 1) / F::group_codes;
   for (int g = 0; g < groups; ++g) {
     for (int j = 0; j < strips; ++j) {
-      const int64_t c = c0 + 16 * j;
-      __m256i codes[F::group_codes];
-      load_col_group<F>(data + g * F::group_bytes * ld + c, ld, codes);
-      if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
-        const __m256i mag = _mm256_and_si256(codes[0], set16(F::mag_mask));
-        if (!_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1))) {
-          scalar[j / 32] |= 1u << (j % 32);
-        }
+      const int64_t c = c0 + W * j;
+      typename S::Vec codes[F::group_codes];
+      S::template load_group<F>(data + g * F::group_bytes * ld + c, ld, codes);
+      if constexpr (F::has_special) {
+        if (S::template special<F>(codes[0])) scalar[j / 32] |= 1u << (j % 32);
       }
       for (int k = 0; k < F::group_codes && g * F::group_codes + k < rows; ++k) {
-        store16<Out>(decode16<F>(codes[k], e7[j]), out + (g * F::group_codes + k) * ld + c);
+        S::template decode_store<F, Out>(codes[k], e7[j], out + (g * F::group_codes + k) * ld + c);
       }
     }
   }
   for (int j = 0; j < strips; ++j) {
     if ((scalar[j / 32] >> (j % 32)) & 1) {
-      dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * j, c0 + 16 * j + 16, out);
+      dequantize_cols<F, Out>(data, scales, ld, rows, c0 + W * j, c0 + W * (j + 1), out);
     }
   }
-  if (c0 + 16 * strips < c1) dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * strips, c1, out);
+  const int64_t done = c0 + int64_t(W) * strips;
+  if (done < c1) dequantize_cols<F, Out>(data, scales, ld, rows, done, c1, out);
+}
+
+template <class F, class Out>
+inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
+  col_tile<ColStrip256, F, Out>(data, scales, ld, rows, c0, c1, out);
 }
 
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the

@@ -143,6 +143,53 @@ inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales,
   return b0 > end ? b0 : end;
 }
 
+// simd256::col_tile's strips at AVX-512: 32 columns.
+struct ColStrip512 {
+  static constexpr int kCols = 32;
+  using Vec = __m512i;
+  static Vec e7(const uint8_t* s) {
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    return _mm512_slli_epi16(_mm512_sub_epi16(b, set16(kE8M0Bias)), 7);
+  }
+  // As simd256::load_col_group, for 32 columns.
+  template <class F>
+  static void load_group(const uint8_t* data, int64_t ld, Vec* codes) {
+    auto row = [&](int i) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i * ld));
+      return _mm512_cvtepu8_epi16(b);
+    };
+    if constexpr (F::bits == 8) {
+      codes[0] = row(0);
+    } else if constexpr (F::bits == 4) {
+      const __m512i b = row(0);
+      codes[0] = _mm512_and_si512(b, set16(15));
+      codes[1] = _mm512_srli_epi16(b, 4);
+    } else {  // w = b0 | b1 << 8 | b2 << 16 holds 4 codes of 6 bits; A | (B & C): 0xF8
+      const __m512i b0 = row(0), b1 = row(1), b2 = row(2);
+      codes[0] = _mm512_and_si512(b0, set16(63));
+      codes[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b0, 6), _mm512_slli_epi16(b1, 2),
+                                           set16(0x3C), 0xF8);
+      codes[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), _mm512_slli_epi16(b2, 4),
+                                           set16(0x30), 0xF8);
+      codes[3] = _mm512_srli_epi16(b2, 2);
+    }
+  }
+  template <class F>
+  static bool special(Vec c) {  // magnitude above max_code
+    return _mm512_cmpgt_epu16_mask(_mm512_and_si512(c, set16(F::mag_mask)), set16(F::max_code));
+  }
+  template <class F, class Out>
+  static void decode_store(Vec c, Vec e7, typename Out::T* out) {
+    store32<Out>(decode32<F>(c, e7), out, false);
+  }
+};
+
+template <class F, class Out>
+inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
+  simd256::col_tile<ColStrip512, F, Out>(data, scales, ld, rows, c0, c1, out);
+}
+
 }  // namespace simd512
 }  // namespace MXJAX_ISA_NS
 }  // namespace mxjax
