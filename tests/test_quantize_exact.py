@@ -285,6 +285,21 @@ def test_wide_rows_and_columns_with_mixed_blocks(shape, fmt):
                                     np.asarray(scales).view(np.uint8))
 
 
+@pytest.mark.parametrize("shape", [(40, 2087), (3, 8200)])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequantize_wide_rows_with_mixed_blocks(shape, fmt):
+  """Dequantize of rows (and columns) of 65-256 blocks that mix the blocks the vector paths
+  take with those they leave to the scalar path (NaN scales, scales so small or large that
+  some value is no normal bf16), in the same rounds of blocks; ragged ends."""
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1] + 1))
+  for axis in (1, 0):
+    a = quantize(x, fmt, axis=axis)
+    for dtype in DTYPES:
+      want = reference.dequantize(a.data, a.scales, fmt, axis=axis, block_size=32,
+                                  shape=x.shape, dtype=dtype)
+      assert_same_floats(dequantize(a, dtype), want)
+
+
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_dequantize_columnwise_every_code_and_scale(fmt):
   """Along axis 0, every code under every scale byte, in 16- and 32-column SIMD strips and
@@ -321,6 +336,22 @@ def test_inputs_past_the_streaming_store_size(shape, fmt):
                     (-1, rows), (-2, cols)]:
     data, scales = reference.quantize(x, fmt, axis=axis)
     assert_same_quantized(got, data, scales)
+
+
+@pytest.mark.parametrize("shape_dtype", [((2048, 8200), jnp.bfloat16), ((1024, 8200), jnp.float32)],
+                         ids=["bf16", "f32"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_dequantize_outputs_past_the_streaming_store_size(shape_dtype, fmt):
+  """Dequantize outputs of 32 MiB and more go out with streaming stores, in rows whose blocks
+  are whole aligned lines (here every 4th row: 8200 columns), with the ragged row ends, the
+  other rows and the blocks left to the scalar path written with ordinary stores."""
+  shape, dtype = shape_dtype
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[0]))
+  assert math.prod(shape) * jnp.dtype(dtype).itemsize >= 32 << 20
+  a = quantize(x, fmt)
+  want = reference.dequantize(a.data, a.scales, fmt, axis=1, block_size=32, shape=shape,
+                              dtype=dtype)
+  assert_same_floats(dequantize(a, dtype), want)
 
 
 def small_scale_blocks(rows: int, blocks: int) -> np.ndarray:

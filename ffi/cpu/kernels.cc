@@ -11,6 +11,7 @@
 #include "simd256_cols.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
+#include "simd512_dequantize.h"
 #include "stream.h"
 
 namespace mxjax {
@@ -341,16 +342,21 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
     const int64_t nb = ceil_div(p.n, p.block);
     const int64_t storage = ceil_div(p.n, F::group_codes) * F::group_bytes;
     const int block = int(p.block);
+    // Outputs larger than the last-level cache: rows whose blocks are whole 64-byte lines
+    // (aligned) are written with streaming stores (stream.h).
+    const bool stream = p.outer * p.n * p.inner * int64_t(sizeof(T)) >= cpu::kStreamMinBytes;
     if (p.inner == 1) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
         int64_t b1 = min64(nb, u % nb + (end - u));
         int64_t b0 = u % nb;
-#ifdef MXJAX_HAVE_SIMD256
+#ifdef MXJAX_HAVE_SIMD_ROWS
         if constexpr (!std::is_same_v<Out, F16>) {
           if (block == 32) {
-            b0 = simd256::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
-                                                        p.n, b0, b1, out + row * p.n);
+            T* o = out + row * p.n;
+            const bool aligned = reinterpret_cast<uintptr_t>(o) % 64 == 0;
+            b0 = simd::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
+                                                     p.n, b0, b1, o, stream && aligned);
           }
         }
 #endif
@@ -360,6 +366,7 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
         }
         u += b1 - u % nb;
       }
+      if (stream) stream_fence();
       return;
     }
     for (int64_t u = begin; u < end; ++u) {
@@ -368,11 +375,11 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
       const uint8_t* dt = p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner;
       const uint8_t* st = p.scales + (t.o * nb + t.j) * p.inner;
       T* ot = out + (t.o * p.n + t.j * p.block) * p.inner;
-#ifdef MXJAX_HAVE_SIMD256
+#ifdef MXJAX_HAVE_SIMD_ROWS
       static_assert(kUnitCols <= simd256::kMaxTileCols);
       if constexpr (!std::is_same_v<Out, F16>) {
         if (block == 32) {
-          simd256::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
+          simd::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
           continue;
         }
       }

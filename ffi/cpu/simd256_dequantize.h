@@ -5,6 +5,7 @@
 #define MXJAX_CPU_SIMD256_DEQUANTIZE_H_
 
 #include "simd256.h"
+#include "stream.h"
 
 #ifdef MXJAX_HAVE_SIMD256
 
@@ -15,31 +16,25 @@ namespace simd256 {
 // Element values have at most 4 significant bits, so decode(code) * 2^e is a
 // bf16 whenever it is a normal number: its bits are those of decode(code) with e added to
 // the exponent field. Blocks where some value could leave the normal range (by their scale
-// byte), NaN scales and NaN / Inf codes go to the scalar path.
+// byte), NaN scales and NaN / Inf codes go to the scalar path. decode(code): FP8 by integer
+// ops (decode16), FP6 and FP4 by byte-shuffle table lookups (decode_fp6_block,
+// decode_fp4_block).
 
-// The 32 codes of one block in F's storage at src -> bytes in order (lane h: codes 16h..).
+// bf16 bits of decode(code) for a code of F that is no NaN / Inf (exact: element values have
+// at most 4 significant bits; subnormals m * 2^(emin - man) normalized).
 template <class F>
-inline __m256i load_codes(const uint8_t* src) {
-  if constexpr (F::bits == 8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  } else if constexpr (F::bits == 4) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    return _mm256_setr_m128i(_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
-  } else {
-    // 3 bytes -> u32 lane w = b0 | b1 << 8 | b2 << 16 -> 4 codes of 6 bits, one per byte
-    const __m256i b = _mm256_setr_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)),
-                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8)));
-    const __m256i w = _mm256_shuffle_epi8(
-        b, _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
-                            4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1));
-    const __m256i m = set32(0x3F);
-    __m256i c = _mm256_and_si256(w, m);
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m, 8)));
-    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 4), _mm256_slli_epi32(m, 16)));
-    return _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi32(w, 6), _mm256_slli_epi32(m, 24)));
+constexpr uint16_t decoded_bf16(int code) {
+  const int mag = code & int(F::mag_mask), ef = mag >> F::man_bits;
+  const int m = mag & ((1 << F::man_bits) - 1);
+  int bits = 0;
+  if (ef != 0) {
+    bits = (ef + 127 - F::bias) << 7 | m << (7 - F::man_bits);
+  } else if (m != 0) {
+    int p = 0;  // floor(log2(m))
+    while ((m >> (p + 1)) != 0) ++p;
+    bits = (F::emin - F::man_bits + p + 127) << 7 | ((m << (7 - p)) & 0x7F);
   }
+  return uint16_t(((code >> (F::bits - 1)) & 1) << 15 | bits);
 }
 
 // bf16 bits of the element subnormals m * 2^(emin - man) (m < 2^man), lo and hi bytes.
@@ -48,11 +43,8 @@ struct SubnormalTable {
   uint8_t lo[16] = {}, hi[16] = {};
   constexpr SubnormalTable() {
     for (int m = 1; m < (1 << F::man_bits); ++m) {
-      int p = 0;  // floor(log2(m))
-      while ((m >> (p + 1)) != 0) ++p;
-      const int bits = ((F::emin - F::man_bits + p + 127) << 7) | (((m << (7 - p)) & 0x7F));
-      lo[m] = uint8_t(bits);
-      hi[m] = uint8_t(bits >> 8);
+      lo[m] = uint8_t(decoded_bf16<F>(m));
+      hi[m] = uint8_t(decoded_bf16<F>(m) >> 8);
     }
   }
 };
@@ -76,16 +68,11 @@ inline __m256i decode16(__m256i c, __m256i e7) {
   return _mm256_or_si256(v, _mm256_slli_epi16(_mm256_srli_epi16(c, F::bits - 1), 15));
 }
 
-// bf16 bits of decode(code) for the 16 FP4 codes (sign included; values have at most 2
-// significant bits, so bf16 holds them exactly).
+// bf16 bits of decode(code) for the 16 FP4 codes (sign included).
 struct Fp4Table {
   uint16_t bits[16] = {};
   constexpr Fp4Table() {
-    for (int c = 0; c < 16; ++c) {
-      const int ef = (c >> 1) & 3, man = c & 1;
-      const int mag = ef != 0 ? (ef + 127 - E2M1::bias) << 7 | man << 6 : man != 0 ? 0x3F00 : 0;
-      bits[c] = uint16_t((c & 8) << 12 | mag);  // 0x3F00: 0.5, the one subnormal
-    }
+    for (int c = 0; c < 16; ++c) bits[c] = decoded_bf16<E2M1>(c);
   }
 };
 
@@ -118,6 +105,83 @@ inline void decode_fp4_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256
   *hi = _mm256_unpackhi_epi8(vlo, vhi);
 }
 
+// Byte tables of the bf16 bits of decode(m) for the 32 FP6 magnitudes m, for
+// _mm256_shuffle_epi8 (16 entries): low bytes of m < 16 (lo0), and the xor of those of m and
+// m + 16 (lo_x); the same for the high bytes. Lookups of m in lo0 and of m - 16 in lo_x
+// (which gives 0 where m < 16: the index is negative) xor to the low byte of any m < 32.
+template <class F>
+struct Fp6Tables {
+  uint8_t lo0[16] = {}, lo_x[16] = {}, hi0[16] = {}, hi_x[16] = {};
+  constexpr Fp6Tables() {
+    for (int m = 0; m < 16; ++m) {
+      const int a = decoded_bf16<F>(m), b = decoded_bf16<F>(m + 16);
+      lo0[m] = uint8_t(a);
+      lo_x[m] = uint8_t(a ^ b);
+      hi0[m] = uint8_t(a >> 8);
+      hi_x[m] = uint8_t((a ^ b) >> 8);
+    }
+  }
+};
+
+// Where the packed codes of one FP6 / FP4 block lie (decode_fp6_block here, and
+// simd512::load_codes): codes 0-15 are read from the 16 storage bytes at byte 0, codes
+// 16-31 from those at byte kHalf<F> (FP6: 8, the last 16 of its 24), in both 128-bit lanes;
+// u16 lane i gets the two bytes holding code i's first bit (bytes[2i], bytes[2i + 1]: a byte
+// shuffle; 0x80: none), whose product with mul[i] (2^(16 - bits - bit offset)) has the code
+// in its top bits.
+template <class F>
+constexpr int kHalf = F::bits == 6 ? 8 : 0;
+
+template <class F>
+struct CodeLayout {
+  alignas(64) int8_t bytes[64] = {};
+  alignas(64) uint16_t mul[32] = {};
+  constexpr CodeLayout() {
+    for (int i = 0; i < 32; ++i) {
+      const int bit = F::bits * i, byte = bit / 8 - (i >= 16 ? kHalf<F> : 0);
+      bytes[2 * i] = int8_t(byte);
+      bytes[2 * i + 1] = int8_t(byte + 1 < 16 ? byte + 1 : 0x80);
+      mul[i] = uint16_t(1 << (16 - F::bits - bit % 8));
+    }
+  }
+};
+
+// FP6 block of 32 codes at src (24 bytes), scale 2^e (e7 = e << 7 in u16 lanes, every value
+// normal) -> bf16 bits of elements 0-15 (*lo) and 16-31 (*hi): the codes as bytes, in the
+// order that _mm256_unpack*_epi8 turns back into element order (lane h: codes 8h .. 8h + 7,
+// then 16 + 8h ..), looked up in Fp6Tables; e << 7 added to the nonzero magnitudes.
+template <class F>
+inline void decode_fp6_block(const uint8_t* src, __m256i e7, __m256i* lo, __m256i* hi) {
+  static constexpr CodeLayout<F> kLayout{};
+  static constexpr Fp6Tables<F> kTables{};
+  __m256i w[2];  // codes 16i .. 16i + 15 in u16 lanes
+  for (int i = 0; i < 2; ++i) {
+    const __m256i b = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kHalf<F> * i)));
+    w[i] = _mm256_shuffle_epi8(
+        b, _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.bytes + 32 * i)));
+    const __m256i mul = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLayout.mul + 16 * i));
+    w[i] = _mm256_srli_epi16(_mm256_mullo_epi16(w[i], mul), 16 - F::bits);
+  }
+  const __m256i codes = _mm256_packus_epi16(w[0], w[1]);
+  const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(0x1F));
+  const __m256i mag_hi = _mm256_sub_epi8(mag, _mm256_set1_epi8(16));
+  const __m256i vlo = _mm256_xor_si256(_mm256_shuffle_epi8(byte_table(kTables.lo0), mag),
+                                       _mm256_shuffle_epi8(byte_table(kTables.lo_x), mag_hi));
+  __m256i vhi = _mm256_xor_si256(_mm256_shuffle_epi8(byte_table(kTables.hi0), mag),
+                                 _mm256_shuffle_epi8(byte_table(kTables.hi_x), mag_hi));
+  // sign: code bit 5 -> bit 7 of the high byte
+  vhi = _mm256_or_si256(vhi, _mm256_and_si256(_mm256_slli_epi16(codes, 2),
+                                              _mm256_set1_epi8(int8_t(0x80))));
+  const __m256i v[2] = {_mm256_unpacklo_epi8(vlo, vhi), _mm256_unpackhi_epi8(vlo, vhi)};
+  __m256i out[2];
+  for (int i = 0; i < 2; ++i) {  // + e7 where the magnitude is nonzero (positive as int16)
+    out[i] = _mm256_add_epi16(v[i], _mm256_sign_epi16(e7, _mm256_and_si256(v[i], set16(0x7FFF))));
+  }
+  *lo = out[0];
+  *hi = out[1];
+}
+
 // Whether every value of a block with scale byte s is a normal bf16 (and s is not NaN).
 template <class F>
 constexpr bool dequantize_in_range(int s) {
@@ -125,16 +189,22 @@ constexpr bool dequantize_in_range(int s) {
   return s != kE8M0NaN && e >= F::man_bits - F::emin - 126 && e <= 127 - F::emax;
 }
 
-// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits.
+// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits; `stream`: with streaming stores (out
+// 32-byte aligned).
 template <class Out>
-inline void store16(__m256i v, typename Out::T* out) {
+inline void store16(__m256i v, typename Out::T* out, bool stream = false) {
+  auto store = [&](__m256i x, void* at) {
+    if (stream) {
+      _mm256_stream_si256(static_cast<__m256i*>(at), x);
+    } else {
+      _mm256_storeu_si256(static_cast<__m256i*>(at), x);
+    }
+  };
   if constexpr (sizeof(typename Out::T) == 2) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+    store(v, out);
   } else {  // f32 bits: bf16 bits << 16
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16), out);
+    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16), out + 8);
   }
 }
 
@@ -162,87 +232,127 @@ inline void load_col_group(const uint8_t* data, int64_t ld, __m256i* codes) {
   }
 }
 
+// What col_tile needs of a vector width: strips of kCols columns (u16 lanes), e7 (scale
+// e << 7 per lane) from their scale bytes, the codes of a storage group (load_col_group),
+// whether a vector of codes holds a NaN / Inf code, and the decode + store of one row.
+struct ColStrip256 {
+  static constexpr int kCols = 16;
+  using Vec = __m256i;
+  static Vec e7(const uint8_t* s) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    return _mm256_slli_epi16(_mm256_sub_epi16(b, set16(kE8M0Bias)), 7);
+  }
+  template <class F>
+  static void load_group(const uint8_t* data, int64_t ld, Vec* codes) {
+    load_col_group<F>(data, ld, codes);
+  }
+  template <class F>
+  static bool special(Vec c) {  // magnitude above max_code
+    const __m256i mag = _mm256_and_si256(c, set16(F::mag_mask));
+    return !_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1));
+  }
+  template <class F, class Out>
+  static void decode_store(Vec c, Vec e7, typename Out::T* out) {
+    store16<Out>(decode16<F>(c, e7), out);
+  }
+};
+
 // Dequantizes columns [c0, c1) of a column tile (layout as in dequantize_cols: `rows` <= 32
-// outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: 16-column
-// strips row by row (rows `ld` apart alias in L1, so each output row is written in one go),
-// then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf code and for
-// the columns past the last strip.
+// outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: strips of
+// S::kCols columns row by row (rows `ld` apart alias in L1, so each output row is written in
+// one go), then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf
+// code and for the columns past the last strip.
 constexpr int kMaxTileCols = 512;
 
-template <class F, class Out>
-inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
-                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
-  const int strips = int((c1 - c0) / 16);
-  __m256i e7[kMaxTileCols / 16];
-  uint32_t scalar[kMaxTileCols / 16 / 32 + 1] = {};
+template <class S, class F, class Out>
+inline void col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld, int rows,
+                     int64_t c0, int64_t c1, typename Out::T* out) {
+  constexpr int W = S::kCols;
+  const int strips = int((c1 - c0) / W);
+  typename S::Vec e7[kMaxTileCols / W];
+  uint32_t scalar[kMaxTileCols / W / 32 + 1] = {};
   for (int j = 0; j < strips; ++j) {
-    const uint8_t* s = scales + c0 + 16 * j;
+    const uint8_t* s = scales + c0 + W * j;
     bool ok = true;
-    for (int c = 0; c < 16; ++c) ok &= dequantize_in_range<F>(s[c]);
+    for (int c = 0; c < W; ++c) ok &= dequantize_in_range<F>(s[c]);
     if (!ok) scalar[j / 32] |= 1u << (j % 32);
-    e7[j] = _mm256_slli_epi16(
-        _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))),
-                         set16(kE8M0Bias)), 7);
+    e7[j] = S::e7(s);
   }
   const int groups = (rows + F::group_codes - 1) / F::group_codes;
   for (int g = 0; g < groups; ++g) {
     for (int j = 0; j < strips; ++j) {
-      const int64_t c = c0 + 16 * j;
-      __m256i codes[F::group_codes];
-      load_col_group<F>(data + g * F::group_bytes * ld + c, ld, codes);
-      if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
-        const __m256i mag = _mm256_and_si256(codes[0], set16(F::mag_mask));
-        if (!_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1))) {
-          scalar[j / 32] |= 1u << (j % 32);
-        }
+      const int64_t c = c0 + W * j;
+      typename S::Vec codes[F::group_codes];
+      S::template load_group<F>(data + g * F::group_bytes * ld + c, ld, codes);
+      if constexpr (F::has_special) {
+        if (S::template special<F>(codes[0])) scalar[j / 32] |= 1u << (j % 32);
       }
       for (int k = 0; k < F::group_codes && g * F::group_codes + k < rows; ++k) {
-        store16<Out>(decode16<F>(codes[k], e7[j]), out + (g * F::group_codes + k) * ld + c);
+        S::template decode_store<F, Out>(codes[k], e7[j], out + (g * F::group_codes + k) * ld + c);
       }
     }
   }
   for (int j = 0; j < strips; ++j) {
     if ((scalar[j / 32] >> (j % 32)) & 1) {
-      dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * j, c0 + 16 * j + 16, out);
+      dequantize_cols<F, Out>(data, scales, ld, rows, c0 + W * j, c0 + W * (j + 1), out);
     }
   }
-  if (c0 + 16 * strips < c1) dequantize_cols<F, Out>(data, scales, ld, rows, c0 + 16 * strips, c1, out);
+  const int64_t done = c0 + int64_t(W) * strips;
+  if (done < c1) dequantize_cols<F, Out>(data, scales, ld, rows, done, c1, out);
+}
+
+template <class F, class Out>
+inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
+  col_tile<ColStrip256, F, Out>(data, scales, ld, rows, c0, c1, out);
 }
 
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the
-// full blocks here, one at a time, except those dequantize_row must do. Returns the first
+// full blocks here, in rounds of 32 (those the scalar path must do are redone with
+// dequantize_row after each round, out of the hot loop). `stream`: whole blocks go out with
+// streaming stores (out 64-byte aligned: each block is whole lines). Returns the first
 // block not done (the caller finishes [that, b1)).
 template <class F, class Out>
 inline int64_t dequantize_row_blocks(const uint8_t* data, const uint8_t* scales, int64_t n,
-                                     int64_t b0, int64_t b1, typename Out::T* out) {
+                                     int64_t b0, int64_t b1, typename Out::T* out, bool stream) {
   static_assert(sizeof(typename Out::T) == 2 || sizeof(typename Out::T) == 4);
   constexpr int64_t bs = block_storage<F>(32);
   const int64_t end = b1 < n / 32 ? b1 : n / 32;
-  for (int64_t b = b0; b < end; ++b) {
-    const uint8_t* src = data + b * bs;
-    typename Out::T* dst = out + b * 32;
-    const __m256i codes = load_codes<F>(src);
-    bool scalar = !dequantize_in_range<F>(scales[b]);
-    if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
-      const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
-      scalar |= !_mm256_testz_si256(
-          _mm256_cmpeq_epi8(_mm256_max_epu8(mag, _mm256_set1_epi8(int8_t(F::max_code + 1))), mag),
-          _mm256_set1_epi8(-1));
+  for (int64_t r = b0; r < end; r += 32) {
+    const int nblk = int(min64(32, end - r));
+    uint32_t scalar = 0;
+    for (int i = 0; i < nblk; ++i) {
+      const int64_t b = r + i;
+      const uint8_t* src = data + b * bs;
+      typename Out::T* dst = out + b * 32;
+      const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
+      scalar |= uint32_t(!dequantize_in_range<F>(scales[b])) << i;
+      __m256i lo, hi;
+      if constexpr (F::bits == 4) {
+        decode_fp4_block(src, e7, &lo, &hi);
+      } else if constexpr (F::bits == 6) {
+        decode_fp6_block<F>(src, e7, &lo, &hi);
+      } else {
+        const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        if constexpr (F::has_special) {  // NaN / Inf codes: magnitude above max_code
+          const __m256i mag = _mm256_and_si256(codes, _mm256_set1_epi8(int8_t(F::mag_mask)));
+          scalar |= uint32_t(!_mm256_testz_si256(
+                        _mm256_cmpeq_epi8(
+                            _mm256_max_epu8(mag, _mm256_set1_epi8(int8_t(F::max_code + 1))), mag),
+                        _mm256_set1_epi8(-1)))
+                    << i;
+        }
+        lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
+        hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
+      }
+      store16<Out>(lo, dst, stream);
+      store16<Out>(hi, dst + 16, stream);
     }
-    if (scalar) {
+    if (stream && scalar != 0) stream_fence();  // the scalar path rewrites streamed lines
+    for (; scalar != 0; scalar &= scalar - 1) {
+      const int64_t b = r + __builtin_ctz(scalar);
       dequantize_row<F, Out>(data, scales, n, b, b + 1, 32, out);
-      continue;
     }
-    const __m256i e7 = set16((int(scales[b]) - kE8M0Bias) * 128);
-    __m256i lo, hi;
-    if constexpr (F::bits == 4) {
-      decode_fp4_block(src, e7, &lo, &hi);
-    } else {
-      lo = decode16<F>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), e7);
-      hi = decode16<F>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), e7);
-    }
-    store16<Out>(lo, dst);
-    store16<Out>(hi, dst + 16);
   }
   return b0 > end ? b0 : end;
 }
