@@ -127,13 +127,29 @@ def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> Rec
   return RecipeState(tensors=tensors, kind=state.kind)
 
 
+def _core_axis_names() -> tuple:
+  """Every named axis bound here, from jax's private core: no public API lists those of a
+  named vmap."""
+  from jax._src import core
+  return tuple(core.unsafe_get_axis_names())
+
+
+def manual_mesh_axes() -> tuple:
+  """The mesh axes bound here by shard_map or pmap (public API; not a named vmap's), or ()."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return () if mesh.empty else tuple(getattr(mesh, "manual_axes", ()))
+
+
 def bound_axis_names() -> tuple:
-  """Named axes bound here (inside shard_map / pmap / named vmap), or ()."""
+  """Named axes bound here (inside shard_map / pmap / named vmap), or ().
+
+  A jax whose private core lacks the listing falls back to the public `manual_mesh_axes`,
+  which still covers shard_map and pmap.
+  """
   try:
-    from jax._src import core  # no public API lists the bound axis names
-    return tuple(core.unsafe_get_axis_names())
-  except Exception:  # pragma: no cover - a jax without it: no reduction
-    return ()
+    return _core_axis_names()
+  except Exception:
+    return manual_mesh_axes()
 
 
 def reduce_amax(amax, recipe: Recipe) -> jax.Array:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 from flax.training.train_state import TrainState
 
@@ -157,6 +158,24 @@ def test_reduce_amax_over_bound_named_axes():
                    axis_name="data")(x)
   np.testing.assert_array_equal(local, [5.0, 2.0, 6.0])
   assert float(jax.jit(state_lib.tensor_amax, static_argnums=1)(x, recipe)) == 6.0
+
+
+@pytest.mark.parametrize("private_core", [True, False], ids=["core", "public-fallback"])
+def test_reduce_amax_over_shard_map_axes(monkeypatch, private_core):
+  """Inside shard_map over a 2-D jax.make_mesh, the amax is the max over the mapped axes only;
+  also when jax's private axis listing is gone (the public abstract-mesh fallback)."""
+  if not private_core:
+    def gone():
+      raise ImportError("no private axis listing")
+    monkeypatch.setattr(state_lib, "_core_axis_names", gone)
+  mesh = jax.make_mesh((2, 4), ("data", "model"))
+  x = jnp.arange(32.0).reshape(8, 4) - 20.0  # |x| largest (20) in row 0
+  amax = jax.jit(jax.shard_map(lambda s: state_lib.tensor_amax(s, DelayedScaling())[None],
+                               mesh=mesh, in_specs=P("data"), out_specs=P("data"),
+                               axis_names={"data"}))(x)
+  np.testing.assert_array_equal(amax, [20.0, 20.0])
+  per_shard = jnp.max(jnp.abs(x).reshape(2, 16), axis=1)  # without the reduction: 20, 11
+  assert not np.array_equal(per_shard, amax)
 
 
 def test_describe_lists_every_gemm():
