@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 from flax.training.train_state import TrainState
+from jax.sharding import PartitionSpec as P
 
 from mxjax import context, fp8, linen as mxl, state as state_lib
 from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
