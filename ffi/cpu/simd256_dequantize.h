@@ -193,18 +193,14 @@ constexpr bool dequantize_in_range(int s) {
 // 32-byte aligned).
 template <class Out>
 inline void store16(__m256i v, typename Out::T* out, bool stream = false) {
-  auto store = [&](__m256i x, void* at) {
-    if (stream) {
-      _mm256_stream_si256(static_cast<__m256i*>(at), x);
-    } else {
-      _mm256_storeu_si256(static_cast<__m256i*>(at), x);
-    }
-  };
   if constexpr (sizeof(typename Out::T) == 2) {
-    store(v, out);
+    store_vector(out, v, stream);
   } else {  // f32 bits: bf16 bits << 16
-    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16), out);
-    store(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16), out + 8);
+    store_vector(out, _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16),
+                 stream);
+    store_vector(out + 8,
+                 _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16),
+                 stream);
   }
 }
 

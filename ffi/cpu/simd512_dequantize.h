@@ -12,6 +12,7 @@
 
 #include "simd256_dequantize.h"
 #include "simd512.h"
+#include "stream.h"
 
 #ifdef MXJAX_HAVE_SIMD512
 
@@ -82,18 +83,14 @@ inline __m512i decode32(__m512i c, __m512i e7) {
 // 64-byte aligned).
 template <class Out>
 inline void store32(__m512i v, typename Out::T* out, bool stream) {
-  auto store = [&](__m512i x, void* at) {
-    if (stream) {
-      _mm512_stream_si512(static_cast<__m512i*>(at), x);
-    } else {
-      _mm512_storeu_si512(at, x);
-    }
-  };
   if constexpr (sizeof(typename Out::T) == 2) {
-    store(v, out);
+    store_vector(out, v, stream);
   } else {  // f32 bits: bf16 bits << 16
-    store(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16), out);
-    store(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16), out + 16);
+    store_vector(out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16),
+                 stream);
+    store_vector(out + 16,
+                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16),
+                 stream);
   }
 }
 

@@ -47,6 +47,38 @@ inline void stream_copy(uint8_t* dst, const uint8_t* src, int64_t n) {
   std::memcpy(dst + i, src + i, size_t(n - i));
 }
 
+// One vector to out: a streaming store when `stream` (out aligned to the vector's width),
+// an ordinary unaligned one otherwise. One overload per vector width the level has.
+#if defined(__SSE2__)
+inline void store_vector(void* out, __m128i v, bool stream) {
+  __m128i* dst = static_cast<__m128i*>(out);
+  if (stream) {
+    _mm_stream_si128(dst, v);
+  } else {
+    _mm_storeu_si128(dst, v);
+  }
+}
+#endif
+#if defined(__AVX__)
+inline void store_vector(void* out, __m256i v, bool stream) {
+  __m256i* dst = static_cast<__m256i*>(out);
+  if (stream) {
+    _mm256_stream_si256(dst, v);
+  } else {
+    _mm256_storeu_si256(dst, v);
+  }
+}
+#endif
+#if defined(__AVX512F__)
+inline void store_vector(void* out, __m512i v, bool stream) {
+  if (stream) {
+    _mm512_stream_si512(static_cast<__m512i*>(out), v);
+  } else {
+    _mm512_storeu_si512(out, v);
+  }
+}
+#endif
+
 // Orders this thread's streaming stores before its later stores (and before the work
 // unit's completion is signalled): they are weakly ordered otherwise.
 inline void stream_fence() {
