@@ -121,7 +121,7 @@ void quantize_row(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, in
         continue;
       }
     }
-    uint8_t codes[kMaxBlock];
+    uint8_t codes[kMaxBlock] = {};  // zeroed: GCC cannot see quantize_block fill `block`
     scales[b] = quantize_block<F, In>(src, block, mode, codes);
     int groups = (valid + F::group_codes - 1) / F::group_codes;
     for (int g = 0; g < groups; ++g) {
