@@ -171,26 +171,26 @@ inline void set_group_scales(__m256i byte, GroupScales* g) {
   Scale s;
   set_integer_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
   auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
-  if constexpr (F::bits == 8) {
-    store(g->normal, s.normal);
-    store(g->offset, s.offset);
-    _mm256_store_ps(g->sub, subnormal_mul<F>(byte));
-  } else {
+  if constexpr (table_codes<F>()) {
     if constexpr (F::bits == 6) store(g->offset, s.offset);
     store(g->base, s.base);
+  } else {
+    store(g->normal, s.normal);
+    if constexpr (F::bits == 8) store(g->offset, s.offset);
+    _mm256_store_ps(g->sub, subnormal_mul<F>(byte));
   }
 }
 
 template <class F>
 inline Scale block_scale(const GroupScales& g, int i) {
   Scale s;
-  if constexpr (F::bits == 8) {
-    s.normal = set32(g.normal[i]);
-    s.offset = set32(g.offset[i]);
-    s.sub_lo = s.sub_hi = _mm256_set1_ps(g.sub[i]);
-  } else {
+  if constexpr (table_codes<F>()) {
     if constexpr (F::bits == 6) s.offset = set32(g.offset[i]);
     s.base = set32(g.base[i]);
+  } else {
+    s.normal = set32(g.normal[i]);
+    if constexpr (F::bits == 8) s.offset = set32(g.offset[i]);
+    s.sub_lo = s.sub_hi = _mm256_set1_ps(g.sub[i]);
   }
   return s;
 }

@@ -2,7 +2,7 @@
 // columns of up to 16 whole blocks), in two passes over its rows. The first finds the rowwise
 // scales (simd256.h's groups) and the column strips' amax from the same loads. The second
 // loads each row once and encodes it twice, with its rowwise blocks' scales and with its
-// strips' column scales: |x| and the signs are found once (and FP8's and FP4's rounding bits,
+// strips' column scales: |x| and the signs are found once (and |x| plus the rounding biases,
 // which depend on x alone: the compiler merges the two encodes' common subexpressions).
 // Host only; bit-exact with quantize.h's templates, which do what this leaves (kernels.cc:
 // the strips tile_2x returns, the ragged ends).

@@ -32,12 +32,20 @@ constexpr int32_t min_simd_byte() {
   return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
 }
 
-// The smallest scale byte this file's encoders take: min_simd_byte, and for FP4 and FP6 the
-// byte from which the lowest binade their subnormal index covers, 2^(emin + e - man - 1) and
-// up (see sub_index), is normal bf16: bias + man + 1.
+// Whether F's codes come from sub_index16's index and byte tables (FP4, FP6 E3M2; the others
+// round with encode16_normal / encode16, E2M3's subnormals having too many rounding
+// intervals for the tables).
+template <class F>
+constexpr bool table_codes() {
+  return F::man_bits <= 2 && F::bits <= 6;
+}
+
+// The smallest scale byte this file's encoders take: min_simd_byte, and where table_codes
+// the byte from which the lowest binade sub_index16 counts in, 2^(emin + e - man - 1), is
+// normal bf16: bias + man + 1.
 template <class F>
 constexpr int32_t min_byte() {
-  return F::bits == 8 ? min_simd_byte<F>() : F::bias + F::man_bits + 1;
+  return table_codes<F>() ? F::bias + F::man_bits + 1 : min_simd_byte<F>();
 }
 
 // A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
@@ -48,24 +56,18 @@ inline __m256i byte_table(const uint8_t (&t)[16]) {
 // What the encoders need of the scales of a vector's lanes, u16 lanes but for sub_*:
 struct Scale {
   __m256i normal;  // bf16 bits of 2^(emin + e)
-  __m256i offset;  // encode16_normal: normal - 128 - (2^(6 - man) - 1)
-  __m256i base;    // sub_index: the bits its index counts from
+  __m256i offset;  // normal_codes16: normal - 128 - (2^(6 - man) - 1)
+  __m256i base;    // sub_index16: normal - sub_index_below
   // encode16: 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order of
   // _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15)
   __m256 sub_lo, sub_hi;
 };
 
-// sub_index's step (bits of |x| per index) and the distance of its base below normal: the
-// index counts from the bottom of the binade 2^(emin + e - man - 1) (FP6 E2M3: one step
-// above it), less the rounding bias step - 1.
-template <class F>
-constexpr int sub_index_shift() {
-  return F::man_bits == 3 ? 4 : 5;
-}
+// sub_index16's base below normal: the index counts steps of 32 from the bottom of the
+// binade 2^(emin + e - man - 1), less the rounding bias 31.
 template <class F>
 constexpr int sub_index_below() {
-  return 128 * (F::man_bits + 1) + (F::man_bits == 3 ? -(1 << 4) : 0) +
-         (1 << sub_index_shift<F>()) - 1;
+  return 128 * (F::man_bits + 1) + 31;
 }
 
 // Scale's integer fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit
@@ -128,7 +130,8 @@ template <class F>
 inline __m256i normal_codes16(__m256i ax, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, c), set16(1));
-  return _mm256_srli_epi16(_mm256_add_epi16(_mm256_subs_epu16(ax, s.offset), odd), c);
+  // ax + odd is x's alone (shared by the encodes of one x with different scales)
+  return _mm256_srli_epi16(_mm256_subs_epu16(_mm256_add_epi16(ax, odd), s.offset), c);
 }
 
 // encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals).
@@ -139,51 +142,35 @@ inline __m256i encode16_normal(__m256i ax, const Scale& s) {
 }
 
 // The index of 16 |x| (bf16 bits ax) among the rounding intervals of the element values
-// below 2^(emin + e) (FP4: all of them), i16 lanes: (ax + t - base) >> step, step bits of
-// |x| (a half of the finest grid spacing there, so the element's rounding boundaries fall on
-// whole steps), t the rounding bias of ties: 1 where the tie at ax rounds up (FP4, E3M2: the
-// grid point below has an odd code exactly where bit 6 is set; E2M3: a function of bits 4-6,
-// from a table). Negative below the lowest interval (code 0 there).
+// below 2^(emin + e) (FP4: all of them), i16 lanes (table_codes): (ax + t - base) >> 5, in
+// steps of 32 bits of |x| (a half of the finest grid spacing there, so the element's
+// rounding boundaries fall on whole steps), t = bit 6 of ax the rounding bias of ties (the
+// ties that round up are those whose grid point below has an odd code, where bit 6 is set).
+// Negative below the lowest interval (code 0 there).
 template <class F>
 inline __m256i sub_index16(__m256i ax, const Scale& s) {
-  __m256i tie;
-  if constexpr (F::man_bits == 3) {
-    static constexpr uint8_t kTieUp[16] = {0, 0, 0, 1, 1, 0, 1, 1};  // index: bits 6, 5, 4
-    tie = _mm256_shuffle_epi8(byte_table(kTieUp),
-                              _mm256_and_si256(_mm256_srli_epi16(ax, 4), set16(7)));
-  } else {
-    tie = _mm256_and_si256(_mm256_srli_epi16(ax, 6), set16(1));
-  }
-  return _mm256_srai_epi16(_mm256_sub_epi16(_mm256_add_epi16(ax, tie), s.base),
-                           sub_index_shift<F>());
-}
-
-// The codes of up to 32 sub_index16 indices (bytes, i8 saturated), by a 32-entry table (the
-// second half from index 16: the entries rise with the index, so the max of the two halves'
-// lookups is the entry; negative indices give 0).
-inline __m256i lookup32(__m256i index, const uint8_t (&lo)[16], const uint8_t (&hi)[16]) {
-  return _mm256_max_epu8(
-      _mm256_shuffle_epi8(byte_table(lo), index),
-      _mm256_shuffle_epi8(byte_table(hi), _mm256_subs_epi8(index, _mm256_set1_epi8(16))));
+  const __m256i tie = _mm256_and_si256(_mm256_srli_epi16(ax, 6), set16(1));
+  return _mm256_srai_epi16(_mm256_sub_epi16(_mm256_add_epi16(ax, tie), s.base), 5);
 }
 
 // The codes of the element subnormals (and of values that round to 2^(emin + e)) from
-// sub_index16's indices, bytes in the order of _mm256_packs_epi16(i0, i1); no larger than the
-// element's code elsewhere (at most 2^man there). FP4: every code (no normal path).
+// sub_index16's indices, bytes in the order of _mm256_packs_epi16(i0, i1) (i8 saturated;
+// negative indices give 0); no larger than the element's code elsewhere (E3M2: at most 4
+// there). FP4: every code (no normal path), by a 32-entry table: the second half's lookup
+// from index 16, and the max of the two halves' (the entries rise with the index).
 template <class F>
 inline __m256i sub_codes32(__m256i i0, __m256i i1) {
   const __m256i index = _mm256_packs_epi16(i0, i1);
   if constexpr (F::bits == 4) {
     static constexpr uint8_t kLo[16] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5};
     static constexpr uint8_t kHi[16] = {6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
-    return lookup32(index, kLo, kHi);
-  } else if constexpr (F::man_bits == 2) {
+    return _mm256_max_epu8(
+        _mm256_shuffle_epi8(byte_table(kLo), index),
+        _mm256_shuffle_epi8(byte_table(kHi), _mm256_subs_epi8(index, _mm256_set1_epi8(16))));
+  } else {
+    static_assert(F::man_bits == 2);
     static constexpr uint8_t kCodes[16] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 4};
     return _mm256_shuffle_epi8(byte_table(kCodes), index);
-  } else {
-    static constexpr uint8_t kLo[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2};
-    static constexpr uint8_t kHi[16] = {2, 2, 3, 3, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8};
-    return lookup32(index, kLo, kHi);
   }
 }
 
@@ -202,19 +189,14 @@ inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal0, __m256i n
 }
 
 // The magnitude codes of two vectors of 16 lanes (ax0 with the scales s0, ax1 with s1), bytes
-// in the order of _mm256_packus_epi16(c0, c1): FP4 by sub_codes32; FP6 the max of the normal
-// path's codes and sub_codes32's; FP8 by encode16_normal where `below` (below_normal) is zero
-// (a predictable branch), else encode16. The compiler drops `below` where F does not use it.
+// in the order of _mm256_packus_epi16(c0, c1): FP4 by sub_codes32; FP6 E3M2 the max of
+// normal_codes16's and sub_codes32's; FP8 by encode16_normal where `below` (below_normal) is
+// zero (a predictable branch); else (and E2M3) encode16. The compiler drops `below` where F
+// does not use it.
 template <class F, bool kSaturate>
 inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1,
                         __m256i below) {
-  if constexpr (F::bits == 8) {
-    if (_mm256_testz_si256(below, below)) {
-      return _mm256_packus_epi16(encode16_normal<F, kSaturate>(ax0, s0),
-                                 encode16_normal<F, kSaturate>(ax1, s1));
-    }
-    return _mm256_packus_epi16(encode16<F, kSaturate>(ax0, s0), encode16<F, kSaturate>(ax1, s1));
-  } else {
+  if constexpr (table_codes<F>()) {
     __m256i code = sub_codes32<F>(sub_index16<F>(ax0, s0), sub_index16<F>(ax1, s1));
     if constexpr (F::bits == 6) {
       // the normal path's codes are below 2^8 (v < 2^(emax + 1))
@@ -223,6 +205,12 @@ inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& 
       if (kSaturate) code = _mm256_min_epu8(code, _mm256_set1_epi8(int8_t(F::max_code)));
     }
     return code;
+  } else {
+    if (F::bits == 8 && _mm256_testz_si256(below, below)) {
+      return _mm256_packus_epi16(encode16_normal<F, kSaturate>(ax0, s0),
+                                 encode16_normal<F, kSaturate>(ax1, s1));
+    }
+    return _mm256_packus_epi16(encode16<F, kSaturate>(ax0, s0), encode16<F, kSaturate>(ax1, s1));
   }
 }
 
