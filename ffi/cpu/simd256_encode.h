@@ -207,7 +207,7 @@ inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& 
     return code;
   } else {
     __m256i c0, c1;
-    if (F::bits == 8 && _mm256_testz_si256(below, below)) {
+    if (F::bits == 8 && __builtin_expect(_mm256_testz_si256(below, below), 1)) {
       c0 = encode16_normal<F, kSaturate>(ax0, s0);
       c1 = encode16_normal<F, kSaturate>(ax1, s1);
     } else {
