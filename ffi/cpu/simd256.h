@@ -23,11 +23,6 @@ namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd256 {
 
-// A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
-inline __m256i byte_table(const uint8_t (&t)[16]) {
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-}
-
 // Stores the 32 codes of one block (bytes, in order) in F's packed storage. `spill`: FP6
 // may write 4 bytes past it (fewer stores; the next block's storage, rewritten after).
 template <class F>
@@ -118,10 +113,9 @@ template <class F, bool kSaturate, class... S>
 inline __m256i block_codes(const uint16_t* x, const S&... s) {
   const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-  __m256i c0, c1;
-  encode32<F, kSaturate>(_mm256_and_si256(x0, set16(0x7FFF)), _mm256_and_si256(x1, set16(0x7FFF)),
-                         s..., &c0, &c1);
-  return _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign_bytes<F>(x0, x1));
+  const __m256i codes = encode32<F, kSaturate>(_mm256_and_si256(x0, set16(0x7FFF)),
+                                               _mm256_and_si256(x1, set16(0x7FFF)), s...);
+  return _mm256_or_si256(codes, sign_bytes<F>(x0, x1));
 }
 
 // Stores one block's codes (bytes in block_codes' order) in F's packed storage (`spill`: see
@@ -167,7 +161,7 @@ inline void store_bytes8(__m256i v, uint8_t* out) {
 // The Scales of 8 blocks, for broadcasting block i's: Scale's u16 fields in both halves of
 // u32 lane i, and sub_lo = sub_hi.
 struct GroupScales {
-  alignas(32) int32_t normal[8], offset[8], quarter[8], three_quarters[8];
+  alignas(32) int32_t normal[8], offset[8], base[8];
   alignas(32) float sub[8];
 };
 
@@ -177,10 +171,9 @@ inline void set_group_scales(__m256i byte, GroupScales* g) {
   Scale s;
   set_integer_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
   auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
-  if constexpr (F::bits == 4) {
-    store(g->offset, s.offset);
-    store(g->quarter, s.quarter);
-    store(g->three_quarters, s.three_quarters);
+  if constexpr (table_codes<F>()) {
+    if constexpr (F::bits == 6) store(g->offset, s.offset);
+    store(g->base, s.base);
   } else {
     store(g->normal, s.normal);
     if constexpr (F::bits == 8) store(g->offset, s.offset);
@@ -191,10 +184,9 @@ inline void set_group_scales(__m256i byte, GroupScales* g) {
 template <class F>
 inline Scale block_scale(const GroupScales& g, int i) {
   Scale s;
-  if constexpr (F::bits == 4) {
-    s.offset = set32(g.offset[i]);
-    s.quarter = set32(g.quarter[i]);
-    s.three_quarters = set32(g.three_quarters[i]);
+  if constexpr (table_codes<F>()) {
+    if constexpr (F::bits == 6) s.offset = set32(g.offset[i]);
+    s.base = set32(g.base[i]);
   } else {
     s.normal = set32(g.normal[i]);
     if constexpr (F::bits == 8) s.offset = set32(g.offset[i]);

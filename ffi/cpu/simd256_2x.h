@@ -2,7 +2,7 @@
 // columns of up to 16 whole blocks), in two passes over its rows. The first finds the rowwise
 // scales (simd256.h's groups) and the column strips' amax from the same loads. The second
 // loads each row once and encodes it twice, with its rowwise blocks' scales and with its
-// strips' column scales: |x| and the signs are found once (and FP8's and FP4's rounding bits,
+// strips' column scales: |x| and the signs are found once (and |x| plus the rounding biases,
 // which depend on x alone: the compiler merges the two encodes' common subexpressions).
 // Host only; bit-exact with quantize.h's templates, which do what this leaves (kernels.cc:
 // the strips tile_2x returns, the ragged ends).
@@ -37,20 +37,20 @@ inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, _
   const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
   const __m256i ax0 = _mm256_and_si256(x0, set16(0x7FFF));
   const __m256i ax1 = _mm256_and_si256(x1, set16(0x7FFF));
-  __m256i r0, r1, c0, c1;
+  __m256i r, c;
   if constexpr (F::bits == 8) {
     // One branch for both: a lane below either normal is below the larger one.
     const __m256i below = below_normal(ax0, ax1, _mm256_max_epu16(rs.normal, cs.lo.normal),
                                        _mm256_max_epu16(rs.normal, cs.hi.normal));
-    encode32<F, kSaturate>(ax0, ax1, rs, rs, below, &r0, &r1);
-    encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi, below, &c0, &c1);
+    r = encode32<F, kSaturate>(ax0, ax1, rs, rs, below);
+    c = encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi, below);
   } else {
-    encode32<F, kSaturate>(ax0, ax1, rs, &r0, &r1);
-    encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi, &c0, &c1);
+    r = encode32<F, kSaturate>(ax0, ax1, rs);
+    c = encode32<F, kSaturate>(ax0, ax1, cs.lo, cs.hi);
   }
   const __m256i sign = sign_bytes<F>(x0, x1);
-  *rc = _mm256_or_si256(_mm256_packus_epi16(r0, r1), sign);
-  *cc = _mm256_or_si256(_mm256_packus_epi16(c0, c1), sign);
+  *rc = _mm256_or_si256(r, sign);
+  *cc = _mm256_or_si256(c, sign);
 }
 
 // Where tile_2x's outputs go: the rowwise data and scales of the tile's first row at its

@@ -32,35 +32,54 @@ constexpr int32_t min_simd_byte() {
   return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
 }
 
-// The smallest scale byte this file's encoders take: min_simd_byte, and for FP4 one more
-// (encode16_fp4 compares |x| with 2^(e - 2), a normal bf16 from byte bias + 2 on).
+// Whether F's codes come from sub_index16's index and byte tables (FP4, FP6 E3M2; the others
+// round with encode16_normal / encode16, E2M3's subnormals having too many rounding
+// intervals for the tables).
+template <class F>
+constexpr bool table_codes() {
+  return F::man_bits <= 2 && F::bits <= 6;
+}
+
+// The smallest scale byte this file's encoders take: min_simd_byte, and where table_codes
+// the byte from which the lowest binade sub_index16 counts in, 2^(emin + e - man - 1), is
+// normal bf16: bias + man + 1.
 template <class F>
 constexpr int32_t min_byte() {
-  return F::bits == 4 ? F::bias + 2 : min_simd_byte<F>();
+  return table_codes<F>() ? F::bias + F::man_bits + 1 : min_simd_byte<F>();
+}
+
+// A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
+inline __m256i byte_table(const uint8_t (&t)[16]) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
 // What the encoders need of the scales of a vector's lanes, u16 lanes but for sub_*:
 struct Scale {
   __m256i normal;  // bf16 bits of 2^(emin + e)
-  __m256i offset;  // encode16_fp4: normal - 31; encode16_normal: normal - 128 - (2^(6 - man) - 1)
-  __m256i quarter, three_quarters;  // encode16_fp4: normal - 256, normal - 65
+  __m256i offset;  // normal_codes16: normal - 128 - (2^(6 - man) - 1)
+  __m256i base;    // sub_index16: normal - sub_index_below
   // encode16: 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order of
   // _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15)
   __m256 sub_lo, sub_hi;
 };
 
+// sub_index16's base below normal: the index counts steps of 32 from the bottom of the
+// binade 2^(emin + e - man - 1), less the rounding bias 31.
+template <class F>
+constexpr int sub_index_below() {
+  return 128 * (F::man_bits + 1) + 31;
+}
+
 // Scale's integer fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit
 // ones): normal = (byte + 1 - bias) << 7, the exponent field of 2^(emin + e) being byte + 1 -
-// bias; the offsets from it.
+// bias; the others from it.
 template <class F>
 inline void set_integer_fields(__m256i byte, Scale* s) {
   const __m256i b7 = _mm256_slli_epi16(byte, 7);
   const int normal = (1 - F::bias) * 128;
   s->normal = _mm256_add_epi16(b7, set16(normal));
-  s->offset = _mm256_add_epi16(
-      b7, set16(normal - (F::bits == 4 ? 31 : 128 + (1 << (6 - F::man_bits)) - 1)));
-  s->quarter = _mm256_add_epi16(b7, set16(normal - 256));
-  s->three_quarters = _mm256_add_epi16(b7, set16(normal - 65));
+  s->offset = _mm256_add_epi16(b7, set16(normal - 128 - ((1 << (6 - F::man_bits)) - 1)));
+  s->base = _mm256_add_epi16(b7, set16(normal - sub_index_below<F>()));
 }
 
 // 2^(k + man + 126) as f32 for scale bytes in i32 lanes (k = bias - byte).
@@ -103,33 +122,56 @@ inline __m256i encode16(__m256i ax, const Scale& s) {
   return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
 }
 
-// encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals):
-// m = ax - normal + 128 is v's bits in a bf16-like layout with the element's exponent field,
-// rounded to nearest even by integer adds and a shift (the carry goes into the exponent);
-// zero lanes saturate to 0.
-template <class F, bool kSaturate>
-inline __m256i encode16_normal(__m256i ax, const Scale& s) {
+// The normals' codes of 16 |x| (bf16 bits ax) in u16 lanes: m = ax - normal + 128 is v's
+// bits in a bf16-like layout with the element's exponent field, rounded to nearest even by
+// integer adds and a shift (the carry goes into the exponent). Exact where ax >= normal;
+// below, a code no larger than the element's (zero lanes: 0). Not saturated.
+template <class F>
+inline __m256i normal_codes16(__m256i ax, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, c), set16(1));
-  const __m256i code = _mm256_srli_epi16(_mm256_add_epi16(_mm256_subs_epu16(ax, s.offset), odd), c);
+  // ax + odd is x's alone (shared by the encodes of one x with different scales)
+  return _mm256_srli_epi16(_mm256_subs_epu16(_mm256_add_epi16(ax, odd), s.offset), c);
+}
+
+// encode16 where no lane of ax is in (0, normal) (FP8's common case: no element subnormals).
+template <class F, bool kSaturate>
+inline __m256i encode16_normal(__m256i ax, const Scale& s) {
+  const __m256i code = normal_codes16<F>(ax, s);
   return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
 }
 
-// encode16 for FP4 (one mantissa bit), in integers: with d = ax - normal (>= 0: the element
-// normals, whose bits relative to the smallest normal are d), RNE(max(d, 0) >> 6) is the
-// code minus 2 for the normals and 0 below; the subnormal codes are counted in by comparing v
-// with the rounding boundaries 0.25 (ties to 0) and 0.75 (ties to 1.0, code 2).
-template <class F, bool kSaturate>
-inline __m256i encode16_fp4(__m256i ax, const Scale& s) {
-  static_assert(F::bits == 4 && F::man_bits == 1);
-  // max(d, 0) + 31 + (bit 6 of d, which is ax's: normal is whole binades), shifted by 6
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(ax, 6), set16(1));
-  const __m256i r = _mm256_srli_epi16(
-      _mm256_add_epi16(_mm256_max_epi16(_mm256_sub_epi16(ax, s.offset), set16(31)), odd), 6);
-  // comparisons are -1 where true
-  const __m256i code = _mm256_sub_epi16(_mm256_sub_epi16(r, _mm256_cmpgt_epi16(ax, s.quarter)),
-                                        _mm256_cmpgt_epi16(ax, s.three_quarters));
-  return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
+// The index of 16 |x| (bf16 bits ax) among the rounding intervals of the element values
+// below 2^(emin + e) (FP4: all of them), i16 lanes (table_codes): (ax + t - base) >> 5, in
+// steps of 32 bits of |x| (a half of the finest grid spacing there, so the element's
+// rounding boundaries fall on whole steps), t = bit 6 of ax the rounding bias of ties (the
+// ties that round up are those whose grid point below has an odd code, where bit 6 is set).
+// Negative below the lowest interval (code 0 there).
+template <class F>
+inline __m256i sub_index16(__m256i ax, const Scale& s) {
+  const __m256i tie = _mm256_and_si256(_mm256_srli_epi16(ax, 6), set16(1));
+  return _mm256_srai_epi16(_mm256_sub_epi16(_mm256_add_epi16(ax, tie), s.base), 5);
+}
+
+// The codes of the element subnormals (and of values that round to 2^(emin + e)) from
+// sub_index16's indices, bytes in the order of _mm256_packs_epi16(i0, i1) (i8 saturated;
+// negative indices give 0); no larger than the element's code elsewhere (E3M2: at most 4
+// there). FP4: every code (no normal path), by a 32-entry table: the second half's lookup
+// from index 16, and the max of the two halves' (the entries rise with the index).
+template <class F>
+inline __m256i sub_codes32(__m256i i0, __m256i i1) {
+  const __m256i index = _mm256_packs_epi16(i0, i1);
+  if constexpr (F::bits == 4) {
+    static constexpr uint8_t kLo[16] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5};
+    static constexpr uint8_t kHi[16] = {6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+    return _mm256_max_epu8(
+        _mm256_shuffle_epi8(byte_table(kLo), index),
+        _mm256_shuffle_epi8(byte_table(kHi), _mm256_subs_epi8(index, _mm256_set1_epi8(16))));
+  } else {
+    static_assert(F::man_bits == 2);
+    static constexpr uint8_t kCodes[16] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 4};
+    return _mm256_shuffle_epi8(byte_table(kCodes), index);
+  }
 }
 
 // Nonzero where a lane of ax (either vector) is in (0, normal): encode16_normal does not do it.
@@ -146,38 +188,46 @@ inline __m256i below_normal(__m256i ax0, __m256i ax1, __m256i normal0, __m256i n
                          _mm256_min_epu16(ax1, _mm256_subs_epu16(normal1, ax1)));
 }
 
-// The magnitude codes of two vectors of 16 lanes (ax0 with the scales s0, ax1 with s1): FP4
-// by encode16_fp4, FP8 by encode16_normal where `below` (below_normal) is zero (a predictable
-// branch), else encode16. The compiler drops `below` where F does not use it.
+// The magnitude codes of two vectors of 16 lanes (ax0 with the scales s0, ax1 with s1), bytes
+// in the order of _mm256_packus_epi16(c0, c1): FP4 by sub_codes32; FP6 E3M2 the max of
+// normal_codes16's and sub_codes32's; FP8 by encode16_normal where `below` (below_normal) is
+// zero (a predictable branch); else (and E2M3) encode16. The compiler drops `below` where F
+// does not use it.
 template <class F, bool kSaturate>
-inline void encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1, __m256i below,
-                     __m256i* c0, __m256i* c1) {
-  if constexpr (F::bits == 4) {
-    *c0 = encode16_fp4<F, kSaturate>(ax0, s0);
-    *c1 = encode16_fp4<F, kSaturate>(ax1, s1);
-    return;
-  } else if constexpr (F::bits == 8) {
-    if (_mm256_testz_si256(below, below)) {
-      *c0 = encode16_normal<F, kSaturate>(ax0, s0);
-      *c1 = encode16_normal<F, kSaturate>(ax1, s1);
-      return;
+inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1,
+                        __m256i below) {
+  if constexpr (table_codes<F>()) {
+    __m256i code = sub_codes32<F>(sub_index16<F>(ax0, s0), sub_index16<F>(ax1, s1));
+    if constexpr (F::bits == 6) {
+      // the normal path's codes are below 2^8 (v < 2^(emax + 1))
+      code = _mm256_max_epu8(code, _mm256_packus_epi16(normal_codes16<F>(ax0, s0),
+                                                       normal_codes16<F>(ax1, s1)));
+      if (kSaturate) code = _mm256_min_epu8(code, _mm256_set1_epi8(int8_t(F::max_code)));
     }
+    return code;
+  } else {
+    __m256i c0, c1;
+    if (F::bits == 8 && __builtin_expect(_mm256_testz_si256(below, below), 1)) {
+      c0 = encode16_normal<F, kSaturate>(ax0, s0);
+      c1 = encode16_normal<F, kSaturate>(ax1, s1);
+    } else {
+      c0 = encode16<F, kSaturate>(ax0, s0);
+      c1 = encode16<F, kSaturate>(ax1, s1);
+    }
+    return _mm256_packus_epi16(c0, c1);
   }
-  *c0 = encode16<F, kSaturate>(ax0, s0);
-  *c1 = encode16<F, kSaturate>(ax1, s1);
 }
 
 // encode32 for one block (one scale for both vectors).
 template <class F, bool kSaturate>
-inline void encode32(__m256i ax0, __m256i ax1, const Scale& s, __m256i* c0, __m256i* c1) {
-  encode32<F, kSaturate>(ax0, ax1, s, s, below_normal(ax0, ax1, s.normal), c0, c1);
+inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s) {
+  return encode32<F, kSaturate>(ax0, ax1, s, s, below_normal(ax0, ax1, s.normal));
 }
 
 // encode32 for 32 columns of a row (columns 0-15 with the scales s0, 16-31 with s1).
 template <class F, bool kSaturate>
-inline void encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1, __m256i* c0,
-                     __m256i* c1) {
-  encode32<F, kSaturate>(ax0, ax1, s0, s1, below_normal(ax0, ax1, s0.normal, s1.normal), c0, c1);
+inline __m256i encode32(__m256i ax0, __m256i ax1, const Scale& s0, const Scale& s1) {
+  return encode32<F, kSaturate>(ax0, ax1, s0, s1, below_normal(ax0, ax1, s0.normal, s1.normal));
 }
 
 // Scale bytes of 8 blocks from their amax (f32 bits, u32 lanes), in i32 lanes: exponent
