@@ -30,6 +30,7 @@
 
 #include "mxjax/quantize.h"
 #include "simd256_cols.h"
+#include "stream.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -122,6 +123,25 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   *k = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_set1_epi32(F::bias), byte), zero,
                              _mm512_set1_epi32(kZeroBlockK));
   return byte;
+}
+
+// Scale::bias of 16 blocks (k: bias - scale byte, i32 lanes) in both u16 halves of u32 lane
+// b, for broadcasting block b's.
+template <class F>
+inline __m512i block_biases(__m512i k) {
+  const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7), _mm512_set1_epi32(kRoundBias<F>));
+  return _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                         _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF)));
+}
+
+// The low bytes of u32 lanes [0, live) of v (scale bytes) to out: one plain store where all 16
+// are (see kPackBlocks).
+inline void store_scale_bytes(__m512i v, int live, uint8_t* out) {
+  if (live == 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(v));
+  } else {
+    _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), v);
+  }
 }
 
 // Blocks of F packed together (store_blocks): whole 64-byte lines (3 for FP6), so that
@@ -237,17 +257,8 @@ inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t
       __mmask16 s;
       const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
       const __m512i byte = scales16<F>(a, mode, &k, &s);
-      uint8_t* out = scales + r * sld + g;
-      if (live == 16) {  // a plain store where it can (see kPackBlocks)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(byte));
-      } else {
-        _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), byte);
-      }
-      const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
-                                           _mm512_set1_epi32(kRoundBias<F>));
-      _mm512_storeu_si512(bias + r * nblk + g,
-                          _mm512_or_si512(_mm512_slli_epi32(b16, 16),
-                                          _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
+      store_scale_bytes(byte, live, scales + r * sld + g);
+      _mm512_storeu_si512(bias + r * nblk + g, block_biases<F>(k));
       slow |= uint64_t(s) << (r * nblk + g);
     }
   }
@@ -323,23 +334,13 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, 
   return (slo | shi) == 0;
 }
 
-// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its Scale, stored in F's group_bytes storage
-// rows `dld` apart at out (`stream`: with streaming stores, out 32-byte aligned).
+// Stores the codes (u16 lanes) of a strip's storage group of rows (c[i]: row i of the group)
+// in F's group_bytes storage rows `dld` apart at out (`stream`: with streaming stores, out
+// 32-byte aligned).
 template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
-                         int64_t dld, bool stream) {
-  __m512i c[F::group_codes];
-  for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), s) : _mm512_setzero_si512();
-  }
+inline void store_strip_codes(const __m512i* c, uint8_t* out, int64_t dld, bool stream) {
   auto store = [stream](__m512i v, uint8_t* o) {  // low byte of each u16 lane
-    __m256i* dst = reinterpret_cast<__m256i*>(o);
-    if (stream) {
-      _mm256_stream_si256(dst, _mm512_cvtepi16_epi8(v));
-    } else {
-      _mm256_storeu_si256(dst, _mm512_cvtepi16_epi8(v));
-    }
+    store_vector(o, _mm512_cvtepi16_epi8(v), stream);
   };
   if constexpr (F::bits == 8) {
     store(c[0], out);
@@ -350,6 +351,18 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s
     store(_mm512_or_si512(_mm512_srli_epi16(c[1], 2), _mm512_slli_epi16(c[2], 4)), out + dld);
     store(_mm512_or_si512(_mm512_srli_epi16(c[2], 4), _mm512_slli_epi16(c[3], 2)), out + 2 * dld);
   }
+}
+
+// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
+// rows from `rows` on are zero padding), with its Scale, stored as store_strip_codes does.
+template <class F>
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
+                         int64_t dld, bool stream) {
+  __m512i c[F::group_codes];
+  for (int i = 0; i < F::group_codes; ++i) {
+    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), s) : _mm512_setzero_si512();
+  }
+  store_strip_codes<F>(c, out, dld, stream);
 }
 
 }  // namespace simd512
