@@ -81,8 +81,17 @@ inline __m512i encode32(__m512i x, const Scale& s) {
   const __m512i r = _mm512_srli_epi16(_mm512_mask_add_epi16(mr, odd, mr, _mm512_set1_epi16(1)), c);
   const __m512i max_code = _mm512_set1_epi16(int16_t(F::max_code));
   __m512i code;
-  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
-  if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
+  if constexpr (F::man_bits == 1) {
+    // Element subnormals are codes 0, 1 and 2 (the smallest normal): RNE(2^eb (1 + f / 128))
+    // (f: |x|'s fraction, m's low 7 bits) is >= 1 where m > -128 (eb = -1, past the tie at
+    // f = 0), 2 where m >= 64 (eb = 0, f >= 64; the tie goes to the even 2).
+    const __mmask32 ge1 = _mm512_cmpgt_epi16_mask(mr, _mm512_set1_epi16(-128 + kRoundBias<F>));
+    const __mmask32 ge2 = _mm512_cmpge_epi16_mask(mr, _mm512_set1_epi16(64 + kRoundBias<F>));
+    const __m512i sub = _mm512_mask_mov_epi16(_mm512_maskz_mov_epi16(ge1, _mm512_set1_epi16(1)),
+                                              ge2, _mm512_set1_epi16(2));
+    code = _mm512_mask_min_epu16(sub, normal, r, max_code);
+  } else if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
+    // Branch-free where element subnormals are common (FP6: ~every other vector).
     const __m512i w =
         _mm512_add_epi16(mr, _mm512_set1_epi16(((F::man_bits + 126) << 7) - kRoundBias<F>));
     const __m512i z = _mm512_setzero_si512();

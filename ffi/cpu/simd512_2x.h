@@ -97,17 +97,15 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
   }
 }
 
-// Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
-// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
-// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
-// follow. Returns a bit per column strip that the scalar path must do (its scale bytes and
-// data undefined); the rowwise blocks are all done.
+// tile_2x's first pass over rows [0, rows): each row's scale bytes (to o), Scale biases
+// (bias[r]) and scalar-path blocks (slow[r], bit j), the column strips' amax (amax[j], u16
+// lanes). Always inlined, so that the common nblk == kTileBlocks keeps amax in registers.
 template <class F>
-uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, bool prefetch) {
-  alignas(64) int32_t bias[kTileRows][kTileBlocks];
-  uint16_t slow[kTileRows];
-  __m512i amax[kTileBlocks];
+__attribute__((always_inline)) inline void scan_rows(const uint16_t* x, int64_t ld, int rows,
+                                                     int nblk, int32_t mode, const Tile2xOut& o,
+                                                     bool prefetch,
+                                                     int32_t (*bias)[kTileBlocks],
+                                                     uint16_t* slow, __m512i* amax) {
   for (int j = 0; j < nblk; ++j) amax[j] = _mm512_setzero_si512();
   for (int r = 0; r < rows; ++r) {
     const uint16_t* xr = x + r * ld;
@@ -120,6 +118,24 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
     store_scale_bytes(byte, nblk, o.row_scales + r * o.scale_ld);
     _mm512_store_si512(bias[r], block_biases<F>(k));
     slow[r] = uint16_t(s);  // blocks past nblk: amax 0, never slow
+  }
+}
+
+// Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
+// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
+// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
+// follow. Returns a bit per column strip that the scalar path must do (its scale bytes and
+// data undefined); the rowwise blocks are all done.
+template <class F>
+uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                 const Tile2xOut& o, bool prefetch) {
+  alignas(64) int32_t bias[kTileRows][kTileBlocks];
+  uint16_t slow[kTileRows];
+  __m512i amax[kTileBlocks];
+  if (nblk == kTileBlocks) {
+    scan_rows<F>(x, ld, rows, kTileBlocks, mode, o, prefetch, bias, slow, amax);
+  } else {
+    scan_rows<F>(x, ld, rows, nblk, mode, o, prefetch, bias, slow, amax);
   }
   Scale cs[kTileBlocks];
   uint32_t slow_strips = 0;
