@@ -8,7 +8,7 @@
 // k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
 // below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
-// -> int conversion (encode32). Blocks with scale bytes below min_simd_byte (and NaN / Inf
+// -> int conversion (encode32; FP4's three values there by two compares). Blocks with scale bytes below min_simd_byte (and NaN / Inf
 // blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
@@ -213,7 +213,8 @@ inline void store_blocks(const __m512i* c, int live, uint8_t* out) {
 }
 
 // Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b. With
-// col_amax, also updates the column strips' amax col_amax[b] with the |x| of block b.
+// col_amax (simd512_2x.h), also updates the column strips' amax col_amax[b] with the |x| of
+// block b.
 inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
   __m512i a[16];
@@ -249,53 +250,39 @@ inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
 // latency of one group's amax -> scale chain overlaps the others' work.
 constexpr int kChunkBlocks = 64;
 
-// Blocks [0, nblk) (all full, 32 contiguous bf16 each) of `rows` rows `ld` apart, their
-// data `dld` and scales `sld` apart (rows * nblk <= kChunkBlocks): the scales in groups of up
-// to 16, the SIMD encode of every block, then the scalar path for the blocks that need it.
-// col_amax: see amax16 (block j of every row updates col_amax[j]).
+// Blocks [0, nblk) (nblk <= kChunkBlocks, all full) of a row of bf16 at x: the scales in
+// groups of up to 16, the SIMD encode of every block, then the scalar path for the blocks
+// that need it.
 template <class F>
-inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                      uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld,
-                      __m512i* col_amax) {
-  alignas(64) int32_t bias[kChunkBlocks + 16];  // block r, j's Scale (at r * nblk + j), both u16
-  uint64_t slow = 0;  // bit r * nblk + j
-  for (int r = 0; r < rows; ++r) {
-    for (int g = 0; g < nblk; g += 16) {
-      const int live = nblk - g < 16 ? nblk - g : 16;
-      __m512i k;
-      __mmask16 s;
-      const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
-      const __m512i byte = scales16<F>(a, mode, &k, &s);
-      store_scale_bytes(byte, live, scales + r * sld + g);
-      _mm512_storeu_si512(bias + r * nblk + g, block_biases<F>(k));
-      slow |= uint64_t(s) << (r * nblk + g);
-    }
+inline void row_chunk(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  alignas(64) int32_t bias[kChunkBlocks];  // block j's Scale::bias (see block_biases)
+  uint64_t slow = 0;                       // bit j: block j
+  for (int g = 0; g < nblk; g += 16) {
+    const int live = nblk - g < 16 ? nblk - g : 16;
+    __m512i k;
+    __mmask16 s;
+    const __m512i byte = scales16<F>(amax16(x + 32 * g, live, nullptr), mode, &k, &s);
+    store_scale_bytes(byte, live, scales + g);
+    _mm512_store_si512(bias + g, block_biases<F>(k));
+    slow |= uint64_t(s) << g;
   }
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
-  for (int r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * ld;
-    const int32_t* br = bias + r * nblk;
-    auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
-      __m512i c[P];
-      for (int j = 0; j < P; ++j) {
-        const int b = j < live ? i + j : i;  // past live: any block (not stored)
-        c[j] = encode32<F>(_mm512_loadu_si512(xr + 32 * b), {_mm512_set1_epi32(br[b])});
-      }
-      store_blocks<F>(c, live, data + r * dld + bs * i);
-    };
-    int i = 0;
-    for (; i + P <= nblk; i += P) encode_chunk(i, P);
-    if (i < nblk) encode_chunk(i, nblk - i);
-  }
-  for (; slow; slow &= slow - 1) {
-    const int i = __builtin_ctzll(slow), r = i / nblk, j = i % nblk;
-    uint8_t codes[32];
-    scales[r * sld + j] = quantize_block<F, BF16, 32>(x + r * ld + 32 * j, mode, codes);
-    for (int g = 0; g < 32 / F::group_codes; ++g) {
-      pack_group<F>(codes + g * F::group_codes, 1, data + r * dld + bs * j + g * F::group_bytes,
-                    1);
+  auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
+    __m512i c[P];
+    for (int j = 0; j < P; ++j) {
+      const int b = j < live ? i + j : i;  // past live: any block (not stored)
+      c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(bias[b])});
     }
+    store_blocks<F>(c, live, data + bs * i);
+  };
+  int i = 0;
+  for (; i + P <= nblk; i += P) encode_chunk(i, P);
+  if (i < nblk) encode_chunk(i, nblk - i);
+  for (; slow; slow &= slow - 1) {
+    const int j = __builtin_ctzll(slow);
+    simd256::scalar_block<F>(x + 32 * j, mode, data + bs * j, scales + j);
   }
 }
 
@@ -309,7 +296,7 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   constexpr int64_t bs = block_storage<F>(32);
   for (int64_t b = b0; b < end; b += kChunkBlocks) {
     const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
-    row_chunk<F>(x + 32 * b, 0, 1, nblk, mode, data + bs * b, 0, scales + b, 0, nullptr);
+    row_chunk<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
   }
   return b0 > end ? b0 : end;
 }

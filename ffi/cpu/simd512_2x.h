@@ -52,7 +52,7 @@ struct Tile2xOut {
 template <class F>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const int32_t (*bias)[kTileBlocks], const uint16_t* slow, const Scale* cs,
-                    const Tile2xOut& o) {
+                    const Tile2xOut o) {  // a copy: the byte stores may alias a reference's
   constexpr int G = F::group_codes;
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
@@ -64,8 +64,8 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       rout[i] = o.row_stream ? stage[i] : o.row_data + (r + i) * o.row_ld;
     }
     uint8_t* cout = o.col_data + r / G * F::group_bytes * o.col_ld;
-    for (int j = 0; j < nblk; j += P) {
-      const int nb = nblk - j < P ? nblk - j : P;
+    // Blocks [j, j + nb) (nb <= P); always inlined, so that nb == P unrolls.
+    auto chunk = [&](int j, int nb) __attribute__((always_inline)) {
       __m512i cc[P][G];  // strip j + q's codes of row r + i
       for (int i = 0; i < G; ++i) {
         if (i >= live) {  // zero padding of the last storage group
@@ -85,12 +85,15 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int q = 0; q < nb; ++q) {
         store_strip_codes<F>(cc[q], cout + 32 * (j + q), o.col_ld, o.col_stream);
       }
-    }
+    };
+    int j = 0;
+    for (; j + P <= nblk; j += P) chunk(j, P);
+    if (j < nblk) chunk(j, nblk - j);
     for (int i = 0; i < live; ++i) {
       for (unsigned s = slow[r + i]; s; s &= s - 1) {
-        const int j = __builtin_ctz(s);
-        simd256::scalar_block<F>(x + (r + i) * ld + 32 * j, mode, rout[i] + bs * j,
-                                 o.row_scales + (r + i) * o.scale_ld + j);
+        const int b = __builtin_ctz(s);
+        simd256::scalar_block<F>(x + (r + i) * ld + 32 * b, mode, rout[i] + bs * b,
+                                 o.row_scales + (r + i) * o.scale_ld + b);
       }
       if (o.row_stream) stream_copy(o.row_data + (r + i) * o.row_ld, stage[i], nblk * bs);
     }
