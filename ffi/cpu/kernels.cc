@@ -149,7 +149,7 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
   const simd::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
-                               row_stream, col_data + c0, col_scales + c0, k, col_stream};
+                            row_stream, col_data + c0, col_scales + c0, k, col_stream};
   uint32_t slow = simd::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
   // GCC 12 (the AVX-512 build) takes quantize_row's zeroed codes for maybe-uninitialized here.
 #pragma GCC diagnostic push

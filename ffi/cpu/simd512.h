@@ -1,15 +1,16 @@
 // AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise chunks of up to 64 blocks
-// and 32-column strips of a column tile. Host only; included by kernels.cc in the TU built
-// with -mavx512bw. Bit-exact with the templates of quantize.h, which handle everything
-// these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
+// and 32-column strips of a column tile (simd512_2x.h's quantize_2x tile shares their
+// encoders and packers). Host only; included by kernels.cc in the TU built with -mavx512bw.
+// Bit-exact with the templates of quantize.h, which handle everything these do not (other
+// dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
 //
 // Elements are encoded in 16-bit integer lanes straight from the bf16 bits: x * 2^-e only
 // moves the exponent, so v's exponent is exp(x) - e and its significand is x's; with
 // k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
 // below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
-// -> int conversion (encode32; FP4's three values there by two compares). Blocks with scale bytes below min_simd_byte (and NaN / Inf
-// blocks) go to the scalar path.
+// -> int conversion (encode32; FP4's three values there by two compares). Blocks with scale
+// bytes below min_simd_byte (and NaN / Inf blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 

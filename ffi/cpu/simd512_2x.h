@@ -32,7 +32,7 @@ constexpr int kTileBlocks = 16;
 // first row at its first block (rows row_ld and scale_ld apart; `row_stream`: whole lines
 // with streaming stores, through a staging buffer), the columnwise data and scales at its
 // first column (storage rows col_ld apart; `col_stream`: streaming stores, which need
-// col_data and col_scales 64-byte aligned and col_ld a multiple of 64).
+// col_data and col_scales 32-byte aligned and col_ld a multiple of 32).
 struct Tile2xOut {
   uint8_t* row_data;
   int64_t row_ld;
@@ -102,7 +102,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 
 // tile_2x's first pass over rows [0, rows): each row's scale bytes (to o), Scale biases
 // (bias[r]) and scalar-path blocks (slow[r], bit j), the column strips' amax (amax[j], u16
-// lanes). Always inlined, so that the common nblk == kTileBlocks keeps amax in registers.
+// lanes). Always inlined, so that the common nblk == kTileBlocks unrolls.
 template <class F>
 __attribute__((always_inline)) inline void scan_rows(const uint16_t* x, int64_t ld, int rows,
                                                      int nblk, int32_t mode, const Tile2xOut& o,
