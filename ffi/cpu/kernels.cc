@@ -11,6 +11,7 @@
 #include "simd256_cols.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
+#include "simd512_2x.h"
 #include "simd512_dequantize.h"
 #include "stream.h"
 
@@ -51,19 +52,7 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
 namespace simd = simd512;
 #elif defined(MXJAX_HAVE_SIMD256)
 #define MXJAX_HAVE_SIMD_ROWS 1
-// quantize_2x tiles by simd256_2x.h (each row loaded once for both encodes). AVX-512 keeps
-// row_tile_out + col_tile_bf16: in the AVX-512 build the 256-bit tile measured faster for FP8
-// but slower for FP4 / FP6 (one thread, 128 x 8192 bf16).
-#define MXJAX_HAVE_TILE_2X 1
 namespace simd = simd256;
-#endif
-
-// Rows of a column tile per on_rows call (col_tile_bf16), and a column strip's amax there.
-constexpr int kRowsPerCall = 4;
-#ifdef MXJAX_HAVE_SIMD_ROWS
-using StripAmax = simd::Vec;
-#else
-struct StripAmax {};
 #endif
 
 // Rowwise blocks [b0, b1) of one contiguous row of n inputs (as quantize_row): the SIMD
@@ -99,50 +88,15 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
   }
 }
 
-#ifdef MXJAX_HAVE_SIMD512
-// quantize_2x's rowwise blocks [b0, b1) of `rows` rows of n bf16 at AVX-512 (rows n apart, their
-// data dld and scales sld apart; block 32): the full blocks of all the rows in one
-// simd512::row_chunk (every scale found before the first encode), which also updates the
-// tile's strip amax; with `stream` through a staging buffer in L1 (as row_out); the ragged
-// last block with quantize_row.
-template <class F>
-void row_tile_out(const uint16_t* x, int64_t n, int rows, int64_t b0, int64_t b1, int32_t mode,
-                  uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld, bool stream,
-                  simd512::Vec* amax) {
-  constexpr int64_t bs = block_storage<F>(32);
-  static_assert(kUnitCols / 32 * kRowsPerCall <= simd512::kChunkBlocks);
-  const int64_t full = min64(b1, n / 32);
-  const int nblk = int(full - b0);
-  if (stream) {
-    alignas(64) uint8_t sdata[simd512::kChunkBlocks * bs];
-    alignas(64) uint8_t sscales[simd512::kChunkBlocks];
-    simd512::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, sdata, nblk * bs, sscales, nblk, amax);
-    for (int r = 0; r < rows; ++r) {
-      stream_copy(data + r * dld + b0 * bs, sdata + r * nblk * bs, nblk * bs);
-      stream_copy(scales + r * sld + b0, sscales + r * nblk, nblk);
-    }
-  } else {
-    simd512::row_chunk<F>(x + 32 * b0, n, rows, nblk, mode, data + b0 * bs, dld, scales + b0, sld,
-                          amax);
-  }
-  for (int r = 0; full < b1 && r < rows; ++r) {
-    quantize_row<F, BF16>(x + r * n, n, full, b1, 32, mode, data + r * dld, scales + r * sld);
-  }
-}
-#endif
-
 #ifdef MXJAX_HAVE_SIMD_ROWS
 // Columnwise quantize of a bf16 / block-32 tile (layout as in quantize_cols), columns
 // [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
 // L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
-// path for strips that need it and the columns past the last strip. on_rows(r, nr, amax)
-// runs first in the amax pass for rows [r, r + nr) (quantize_2x encodes them there, while
-// they are in L1); where it returns true it has updated the strips' amax with those rows
-// itself. `stream`: the strips' data and scales go out with streaming stores (whole lines:
-// see col_stream).
-template <class F, class OnRows>
+// path for strips that need it and the columns past the last strip. `stream`: the strips'
+// data and scales go out with streaming stores (whole lines: see col_stream).
+template <class F>
 void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
-                   uint8_t* data, uint8_t* scales, bool stream, OnRows on_rows) {
+                   uint8_t* data, uint8_t* scales, bool stream) {
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
   const int strips = int((c1 - c0) / W);
@@ -152,18 +106,11 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   // The tile's rows are more streams than hardware prefetchers follow: fetch the next tile
   // of the same rows (the next work unit) ahead.
   const bool ahead = c1 + (c1 - c0) <= ld;
-  for (int r0 = 0; r0 < rows; r0 += kRowsPerCall) {
-    const int nr = rows - r0 < kRowsPerCall ? rows - r0 : kRowsPerCall;
-    for (int r = r0; ahead && r < r0 + nr; ++r) {
-      const char* next = reinterpret_cast<const char*>(x + r * ld + c1);
-      for (int64_t b = 0; b < (c1 - c0) * 2; b += 64) __builtin_prefetch(next + b);
+  for (int r = 0; r < rows; ++r) {
+    for (int64_t b = 0; ahead && b < (c1 - c0) * 2; b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(x + r * ld + c1) + b);
     }
-    if (on_rows(r0, nr, amax)) continue;
-    for (int r = r0; r < r0 + nr; ++r) {
-      for (int j = 0; j < strips; ++j) {
-        amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
-      }
-    }
+    for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
   }
   uint64_t scalar = 0;
   for (int j = 0; j < strips; ++j) {
@@ -188,26 +135,30 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 }
 #endif
 
-#ifdef MXJAX_HAVE_TILE_2X
+#ifdef MXJAX_HAVE_SIMD_ROWS
 // quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
 // nbk apart), col_data / col_scales at its first storage row (columns k apart).
-// simd256::tile_2x, then quantize.h's templates for the strips it returns and the ragged
+// The level's tile_2x, then quantize.h's templates for the strips it returns and the ragged
 // ends (a last block shorter than 32, columns past the last whole block).
 template <class F>
 void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
                   uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
                   uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream) {
-  static_assert(kUnitCols == 32 * simd256::kTileBlocks);
+  static_assert(kUnitCols == 32 * simd::kTileBlocks);
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
-  const simd256::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
-                               row_stream, col_data + c0, col_scales + c0, k, col_stream};
-  uint32_t slow = simd256::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
+  const simd::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
+                            row_stream, col_data + c0, col_scales + c0, k, col_stream};
+  uint32_t slow = simd::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
+  // GCC 12 (the AVX-512 build) takes quantize_row's zeroed codes for maybe-uninitialized here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
   for (int r = 0; full < b1 && r < rows; ++r) {
     quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
                           row_scales + r * nbk);
   }
+#pragma GCC diagnostic pop
   if (col_stream && slow) stream_fence();  // the scalar path below rewrites streamed bytes
   for (; slow; slow &= slow - 1) {
     const int64_t c = c0 + 32 * __builtin_ctz(slow);
@@ -218,22 +169,18 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
 }
 #endif
 
-// One column tile (as quantize_cols), on_rows(r, nr, amax) called for all its rows first
-// (amax: see col_tile_bf16; null elsewhere): the SIMD level's bf16 / block-32 path where there
-// is one, quantize_cols otherwise.
-template <class F, class In, class OnRows>
+// One column tile (as quantize_cols): the SIMD level's bf16 / block-32 path where there is
+// one, quantize_cols otherwise.
+template <class F, class In>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
-              int32_t mode, uint8_t* data, uint8_t* scales, bool stream, OnRows on_rows) {
+              int32_t mode, uint8_t* data, uint8_t* scales, bool stream) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
   if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) {
-      return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream, on_rows);
-    }
+    if (block == 32) return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream);
   }
 #else
   (void)stream;
 #endif
-  on_rows(0, rows, static_cast<StripAmax*>(nullptr));
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
 
@@ -270,8 +217,7 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                      p.scales + (t.o * nb + t.j) * p.inner, stream,
-                      [](int, int, StripAmax*) { return false; });
+                      p.scales + (t.o * nb + t.j) * p.inner, stream);
     }
   });
   if (p.stream) stream_fence();
@@ -295,7 +241,7 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       int64_t r0 = t.o * p.m + t.j * p.block;  // first row of the tile in [batch * m, k]
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
-#ifdef MXJAX_HAVE_TILE_2X
+#ifdef MXJAX_HAVE_SIMD_ROWS
       if constexpr (std::is_same_v<In, BF16>) {
         if (block == 32) {
           tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
@@ -304,30 +250,12 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
         }
       }
 #endif
-      // Rowwise blocks of the tile's rows [r, r + nr); at AVX-512 also the strips' amax
-      // (their full blocks are the tile's strips: c0 is a multiple of the block).
-      auto row = [&](int r, int nr, StripAmax* amax) {
-        const int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);
-        const T* xr = x + (r0 + r) * p.k;
-        uint8_t* dr = p.row_data + (r0 + r) * sk;
-        uint8_t* sr = p.row_scales + (r0 + r) * nbk;
-#ifdef MXJAX_HAVE_SIMD512
-        if constexpr (std::is_same_v<In, BF16>) {
-          if (block == 32 && amax) {
-            row_tile_out<F>(xr, p.k, nr, b0, b1, p.mode, dr, sk, sr, nbk, p.stream, amax);
-            return true;
-          }
-        }
-#endif
-        for (int i = 0; i < nr; ++i) {
-          row_out<F, In>(xr + i * p.k, p.k, b0, b1, block, p.mode, dr + i * sk, sr + i * nbk,
-                         p.stream);
-        }
-        (void)amax;
-        return false;
-      };
-      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream,
-                      row);
+      const int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);
+      for (int r = 0; r < rows; ++r) {
+        row_out<F, In>(x + (r0 + r) * p.k, p.k, b0, b1, block, p.mode, p.row_data + (r0 + r) * sk,
+                       p.row_scales + (r0 + r) * nbk, p.stream);
+      }
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream);
     }
   });
   if (p.stream) stream_fence();

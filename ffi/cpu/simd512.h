@@ -1,15 +1,16 @@
 // AVX-512 (F + BW) fast paths for bf16 inputs, block 32: rowwise chunks of up to 64 blocks
-// and 32-column strips of a column tile. Host only; included by kernels.cc in the TU built
-// with -mavx512bw. Bit-exact with the templates of quantize.h, which handle everything
-// these do not (other dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
+// and 32-column strips of a column tile (simd512_2x.h's quantize_2x tile shares their
+// encoders and packers). Host only; included by kernels.cc in the TU built with -mavx512bw.
+// Bit-exact with the templates of quantize.h, which handle everything these do not (other
+// dtypes / blocks, NaN / Inf blocks, blocks with tiny scales).
 //
 // Elements are encoded in 16-bit integer lanes straight from the bf16 bits: x * 2^-e only
 // moves the exponent, so v's exponent is exp(x) - e and its significand is x's; with
 // k = bias - scale byte, v's biased exponent in the element format is eb = exp(x) + k.
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
 // below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
-// -> int conversion (encode32). Blocks with scale bytes below min_simd_byte (and NaN / Inf
-// blocks) go to the scalar path.
+// -> int conversion (encode32; FP4's three values there by two compares). Blocks with scale
+// bytes below min_simd_byte (and NaN / Inf blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 
@@ -30,6 +31,7 @@
 
 #include "mxjax/quantize.h"
 #include "simd256_cols.h"
+#include "stream.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -80,8 +82,17 @@ inline __m512i encode32(__m512i x, const Scale& s) {
   const __m512i r = _mm512_srli_epi16(_mm512_mask_add_epi16(mr, odd, mr, _mm512_set1_epi16(1)), c);
   const __m512i max_code = _mm512_set1_epi16(int16_t(F::max_code));
   __m512i code;
-  // Branch-free where element subnormals are common (FP6 / FP4: ~every other vector).
-  if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
+  if constexpr (F::man_bits == 1) {
+    // Element subnormals are codes 0, 1 and 2 (the smallest normal): RNE(2^eb (1 + f / 128))
+    // (f: |x|'s fraction, m's low 7 bits) is >= 1 where m > -128 (eb = -1, past the tie at
+    // f = 0), 2 where m >= 64 (eb = 0, f >= 64; the tie goes to the even 2).
+    const __mmask32 ge1 = _mm512_cmpgt_epi16_mask(mr, _mm512_set1_epi16(-128 + kRoundBias<F>));
+    const __mmask32 ge2 = _mm512_cmpge_epi16_mask(mr, _mm512_set1_epi16(64 + kRoundBias<F>));
+    const __m512i sub = _mm512_mask_mov_epi16(_mm512_maskz_mov_epi16(ge1, _mm512_set1_epi16(1)),
+                                              ge2, _mm512_set1_epi16(2));
+    code = _mm512_mask_min_epu16(sub, normal, r, max_code);
+  } else if (F::bits != 8 || (~normal & _mm512_test_epi16_mask(ax, ax))) {
+    // Branch-free where element subnormals are common (FP6: ~every other vector).
     const __m512i w =
         _mm512_add_epi16(mr, _mm512_set1_epi16(((F::man_bits + 126) << 7) - kRoundBias<F>));
     const __m512i z = _mm512_setzero_si512();
@@ -122,6 +133,25 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   *k = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_set1_epi32(F::bias), byte), zero,
                              _mm512_set1_epi32(kZeroBlockK));
   return byte;
+}
+
+// Scale::bias of 16 blocks (k: bias - scale byte, i32 lanes) in both u16 halves of u32 lane
+// b, for broadcasting block b's.
+template <class F>
+inline __m512i block_biases(__m512i k) {
+  const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7), _mm512_set1_epi32(kRoundBias<F>));
+  return _mm512_or_si512(_mm512_slli_epi32(b16, 16),
+                         _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF)));
+}
+
+// The low bytes of u32 lanes [0, live) of v (scale bytes) to out: one plain store where all 16
+// are (see kPackBlocks).
+inline void store_scale_bytes(__m512i v, int live, uint8_t* out) {
+  if (live == 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(v));
+  } else {
+    _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), v);
+  }
 }
 
 // Blocks of F packed together (store_blocks): whole 64-byte lines (3 for FP6), so that
@@ -184,7 +214,8 @@ inline void store_blocks(const __m512i* c, int live, uint8_t* out) {
 }
 
 // Per-block max of |x| for nblk (<= 16) blocks of 32 bf16 at x: f32 bits, u32 lane b. With
-// col_amax, also updates the column strips' amax col_amax[b] with the |x| of block b.
+// col_amax (simd512_2x.h), also updates the column strips' amax col_amax[b] with the |x| of
+// block b.
 inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
   __m512i a[16];
@@ -220,62 +251,39 @@ inline __m512i amax16(const uint16_t* x, int nblk, __m512i* col_amax) {
 // latency of one group's amax -> scale chain overlaps the others' work.
 constexpr int kChunkBlocks = 64;
 
-// Blocks [0, nblk) (all full, 32 contiguous bf16 each) of `rows` rows `ld` apart, their
-// data `dld` and scales `sld` apart (rows * nblk <= kChunkBlocks): the scales in groups of up
-// to 16, the SIMD encode of every block, then the scalar path for the blocks that need it.
-// col_amax: see amax16 (block j of every row updates col_amax[j]).
+// Blocks [0, nblk) (nblk <= kChunkBlocks, all full) of a row of bf16 at x: the scales in
+// groups of up to 16, the SIMD encode of every block, then the scalar path for the blocks
+// that need it.
 template <class F>
-inline void row_chunk(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                      uint8_t* data, int64_t dld, uint8_t* scales, int64_t sld,
-                      __m512i* col_amax) {
-  alignas(64) int32_t bias[kChunkBlocks + 16];  // block r, j's Scale (at r * nblk + j), both u16
-  uint64_t slow = 0;  // bit r * nblk + j
-  for (int r = 0; r < rows; ++r) {
-    for (int g = 0; g < nblk; g += 16) {
-      const int live = nblk - g < 16 ? nblk - g : 16;
-      __m512i k;
-      __mmask16 s;
-      const __m512i a = amax16(x + r * ld + 32 * g, live, col_amax ? col_amax + g : nullptr);
-      const __m512i byte = scales16<F>(a, mode, &k, &s);
-      uint8_t* out = scales + r * sld + g;
-      if (live == 16) {  // a plain store where it can (see kPackBlocks)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(byte));
-      } else {
-        _mm512_mask_cvtepi32_storeu_epi8(out, __mmask16((1u << live) - 1), byte);
-      }
-      const __m512i b16 = _mm512_add_epi32(_mm512_slli_epi32(k, 7),
-                                           _mm512_set1_epi32(kRoundBias<F>));
-      _mm512_storeu_si512(bias + r * nblk + g,
-                          _mm512_or_si512(_mm512_slli_epi32(b16, 16),
-                                          _mm512_and_si512(b16, _mm512_set1_epi32(0xFFFF))));
-      slow |= uint64_t(s) << (r * nblk + g);
-    }
+inline void row_chunk(const uint16_t* x, int nblk, int32_t mode, uint8_t* data,
+                      uint8_t* scales) {
+  alignas(64) int32_t bias[kChunkBlocks];  // block j's Scale::bias (see block_biases)
+  uint64_t slow = 0;                       // bit j: block j
+  for (int g = 0; g < nblk; g += 16) {
+    const int live = nblk - g < 16 ? nblk - g : 16;
+    __m512i k;
+    __mmask16 s;
+    const __m512i byte = scales16<F>(amax16(x + 32 * g, live, nullptr), mode, &k, &s);
+    store_scale_bytes(byte, live, scales + g);
+    _mm512_store_si512(bias + g, block_biases<F>(k));
+    slow |= uint64_t(s) << g;
   }
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
-  for (int r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * ld;
-    const int32_t* br = bias + r * nblk;
-    auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
-      __m512i c[P];
-      for (int j = 0; j < P; ++j) {
-        const int b = j < live ? i + j : i;  // past live: any block (not stored)
-        c[j] = encode32<F>(_mm512_loadu_si512(xr + 32 * b), {_mm512_set1_epi32(br[b])});
-      }
-      store_blocks<F>(c, live, data + r * dld + bs * i);
-    };
-    int i = 0;
-    for (; i + P <= nblk; i += P) encode_chunk(i, P);
-    if (i < nblk) encode_chunk(i, nblk - i);
-  }
-  for (; slow; slow &= slow - 1) {
-    const int i = __builtin_ctzll(slow), r = i / nblk, j = i % nblk;
-    uint8_t codes[32];
-    scales[r * sld + j] = quantize_block<F, BF16, 32>(x + r * ld + 32 * j, mode, codes);
-    for (int g = 0; g < 32 / F::group_codes; ++g) {
-      pack_group<F>(codes + g * F::group_codes, 1, data + r * dld + bs * j + g * F::group_bytes,
-                    1);
+  auto encode_chunk = [&](int i, int live) {  // blocks [i, i + live) of one store_blocks
+    __m512i c[P];
+    for (int j = 0; j < P; ++j) {
+      const int b = j < live ? i + j : i;  // past live: any block (not stored)
+      c[j] = encode32<F>(_mm512_loadu_si512(x + 32 * b), {_mm512_set1_epi32(bias[b])});
     }
+    store_blocks<F>(c, live, data + bs * i);
+  };
+  int i = 0;
+  for (; i + P <= nblk; i += P) encode_chunk(i, P);
+  if (i < nblk) encode_chunk(i, nblk - i);
+  for (; slow; slow &= slow - 1) {
+    const int j = __builtin_ctzll(slow);
+    simd256::scalar_block<F>(x + 32 * j, mode, data + bs * j, scales + j);
   }
 }
 
@@ -289,7 +297,7 @@ inline int64_t row_blocks(const uint16_t* x, int64_t n, int64_t b0, int64_t b1, 
   constexpr int64_t bs = block_storage<F>(32);
   for (int64_t b = b0; b < end; b += kChunkBlocks) {
     const int nblk = int(end - b < kChunkBlocks ? end - b : kChunkBlocks);
-    row_chunk<F>(x + 32 * b, 0, 1, nblk, mode, data + bs * b, 0, scales + b, 0, nullptr);
+    row_chunk<F>(x + 32 * b, nblk, mode, data + bs * b, scales + b);
   }
   return b0 > end ? b0 : end;
 }
@@ -323,23 +331,13 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, 
   return (slo | shi) == 0;
 }
 
-// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
-// rows from `rows` on are zero padding), with its Scale, stored in F's group_bytes storage
-// rows `dld` apart at out (`stream`: with streaming stores, out 32-byte aligned).
+// Stores the codes (u16 lanes) of a strip's storage group of rows (c[i]: row i of the group)
+// in F's group_bytes storage rows `dld` apart at out (`stream`: with streaming stores, out
+// 32-byte aligned).
 template <class F>
-inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
-                         int64_t dld, bool stream) {
-  __m512i c[F::group_codes];
-  for (int i = 0; i < F::group_codes; ++i) {
-    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), s) : _mm512_setzero_si512();
-  }
+inline void store_strip_codes(const __m512i* c, uint8_t* out, int64_t dld, bool stream) {
   auto store = [stream](__m512i v, uint8_t* o) {  // low byte of each u16 lane
-    __m256i* dst = reinterpret_cast<__m256i*>(o);
-    if (stream) {
-      _mm256_stream_si256(dst, _mm512_cvtepi16_epi8(v));
-    } else {
-      _mm256_storeu_si256(dst, _mm512_cvtepi16_epi8(v));
-    }
+    store_vector(o, _mm512_cvtepi16_epi8(v), stream);
   };
   if constexpr (F::bits == 8) {
     store(c[0], out);
@@ -350,6 +348,18 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s
     store(_mm512_or_si512(_mm512_srli_epi16(c[1], 2), _mm512_slli_epi16(c[2], 4)), out + dld);
     store(_mm512_or_si512(_mm512_srli_epi16(c[2], 4), _mm512_slli_epi16(c[3], 2)), out + 2 * dld);
   }
+}
+
+// The strip's codes for one storage group of rows (F::group_codes rows `ld` apart at x, the
+// rows from `rows` on are zero padding), with its Scale, stored as store_strip_codes does.
+template <class F>
+inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s, uint8_t* out,
+                         int64_t dld, bool stream) {
+  __m512i c[F::group_codes];
+  for (int i = 0; i < F::group_codes; ++i) {
+    c[i] = i < rows ? encode32<F>(_mm512_loadu_si512(x + i * ld), s) : _mm512_setzero_si512();
+  }
+  store_strip_codes<F>(c, out, dld, stream);
 }
 
 }  // namespace simd512
