@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "gcc_diagnostics.h"
 #include "mxjax/quantize.h"
 #include "simd256.h"
 #include "simd256_2x.h"
@@ -151,14 +152,12 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
   const simd::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
                             row_stream, col_data + c0, col_scales + c0, k, col_stream};
   uint32_t slow = simd::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
-  // GCC 12 (the AVX-512 build) takes quantize_row's zeroed codes for maybe-uninitialized here.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize_row's zeroed codes (see gcc_diagnostics.h)
   for (int r = 0; full < b1 && r < rows; ++r) {
     quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
                           row_scales + r * nbk);
   }
-#pragma GCC diagnostic pop
+  MXJAX_UNINITIALIZED_WARNINGS_ON
   if (col_stream && slow) stream_fence();  // the scalar path below rewrites streamed bytes
   for (; slow; slow &= slow - 1) {
     const int64_t c = c0 + 32 * __builtin_ctz(slow);

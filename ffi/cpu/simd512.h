@@ -19,12 +19,9 @@
 
 #include <immintrin.h>
 
-// GCC 12 warns about the _mm512_undefined_* operands inside its own intrinsics.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "gcc_diagnostics.h"
+
+MXJAX_UNINITIALIZED_WARNINGS_OFF
 
 #include <cstdint>
 #include <cstring>
@@ -366,9 +363,7 @@ inline void strip_encode(const uint16_t* x, int64_t ld, int rows, const Scale& s
 }  // namespace MXJAX_ISA_NS
 }  // namespace mxjax
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+MXJAX_UNINITIALIZED_WARNINGS_ON
 
 #endif  // __AVX512F__ && __AVX512BW__
 #endif  // MXJAX_CPU_SIMD512_H_

@@ -10,18 +10,14 @@
 #ifndef MXJAX_CPU_SIMD512_DEQUANTIZE_H_
 #define MXJAX_CPU_SIMD512_DEQUANTIZE_H_
 
+#include "gcc_diagnostics.h"
 #include "simd256_dequantize.h"
 #include "simd512.h"
 #include "stream.h"
 
 #ifdef MXJAX_HAVE_SIMD512
 
-// GCC 12 warns about the _mm512_undefined_* operands inside its own intrinsics.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+MXJAX_UNINITIALIZED_WARNINGS_OFF
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -191,9 +187,7 @@ inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int6
 }  // namespace MXJAX_ISA_NS
 }  // namespace mxjax
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+MXJAX_UNINITIALIZED_WARNINGS_ON
 
 #endif  // MXJAX_HAVE_SIMD512
 #endif  // MXJAX_CPU_SIMD512_DEQUANTIZE_H_
