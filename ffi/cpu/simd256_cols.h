@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "stream.h"
+
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd256 {
@@ -31,26 +33,6 @@ inline Vec strip_amax(Vec amax, const uint16_t* x) {
   const __m256i* p = reinterpret_cast<const __m256i*>(x);
   return {_mm256_max_epu16(amax.lo, _mm256_and_si256(_mm256_loadu_si256(p), abs)),
           _mm256_max_epu16(amax.hi, _mm256_and_si256(_mm256_loadu_si256(p + 1), abs))};
-}
-
-// 16 bytes to out (`stream`: a streaming store, out 16-byte aligned).
-inline void store16(__m128i v, uint8_t* out, bool stream) {
-  __m128i* dst = reinterpret_cast<__m128i*>(out);
-  if (stream) {
-    _mm_stream_si128(dst, v);
-  } else {
-    _mm_storeu_si128(dst, v);
-  }
-}
-
-// 32 bytes to out (`stream`: a streaming store, out 32-byte aligned).
-inline void store32(__m256i v, uint8_t* out, bool stream) {
-  __m256i* dst = reinterpret_cast<__m256i*>(out);
-  if (stream) {
-    _mm256_stream_si256(dst, v);
-  } else {
-    _mm256_storeu_si256(dst, v);
-  }
 }
 
 // The scale bytes of 16 columns from their amax (u16 lanes), in u16 lanes; sets their Scale
@@ -74,7 +56,7 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, StripScale* sc
   int slo, shi;
   const __m256i blo = strip_half_scales<F>(amax.lo, mode, &scale->lo, &slo);
   const __m256i bhi = strip_half_scales<F>(amax.hi, mode, &scale->hi, &shi);
-  store32(_mm256_permute4x64_epi64(_mm256_packus_epi16(blo, bhi), 0xD8), scales, stream);
+  store_vector(scales, _mm256_permute4x64_epi64(_mm256_packus_epi16(blo, bhi), 0xD8), stream);
   return (slo | shi) == 0;
 }
 
@@ -85,7 +67,7 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, StripScale* sc
 template <class F>
 inline void store_strip_codes(const __m256i* c, uint8_t* out, int64_t dld, bool stream) {
   auto store = [stream](__m256i v, uint8_t* o) {
-    store32(_mm256_permute4x64_epi64(v, 0xD8), o, stream);
+    store_vector(o, _mm256_permute4x64_epi64(v, 0xD8), stream);
   };
   auto bytes = [](int m) { return _mm256_set1_epi8(int8_t(m)); };
   if constexpr (F::bits == 8) {

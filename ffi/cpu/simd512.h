@@ -321,8 +321,8 @@ inline bool strip_scales(Vec amax, int32_t mode, uint8_t* scales, Scale* scale, 
   __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(amax, 1)), 16);
   __m512i blo = scales16<F>(lo, mode, &klo, &slo);
   __m512i bhi = scales16<F>(hi, mode, &khi, &shi);
-  simd256::store16(_mm512_cvtepi32_epi8(blo), scales, stream);
-  simd256::store16(_mm512_cvtepi32_epi8(bhi), scales + 16, stream);
+  store_vector(scales, _mm512_cvtepi32_epi8(blo), stream);
+  store_vector(scales + 16, _mm512_cvtepi32_epi8(bhi), stream);
   *scale = scale_of<F>(_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(klo)),
                                           _mm512_cvtepi32_epi16(khi), 1));
   return (slo | shi) == 0;
