@@ -25,13 +25,6 @@ namespace simd256 {
 inline __m256i set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
 inline __m256i set32(int32_t v) { return _mm256_set1_epi32(v); }
 
-// The smallest scale byte the SIMD encoders take: they need a normal bf16 x wherever v is
-// an element normal (byte > bias), and 2^(k + man + 126) to be a finite f32.
-template <class F>
-constexpr int32_t min_simd_byte() {
-  return F::bias + (F::man_bits > 2 ? F::man_bits - 1 : 1);
-}
-
 // Whether F's codes come from sub_index16's index and byte tables (FP4, FP6 E3M2; the others
 // round with encode16_normal / encode16, E2M3's subnormals having too many rounding
 // intervals for the tables).
@@ -40,12 +33,13 @@ constexpr bool table_codes() {
   return F::man_bits <= 2 && F::bits <= 6;
 }
 
-// The smallest scale byte this file's encoders take: min_simd_byte, and where table_codes
-// the byte from which the lowest binade sub_index16 counts in, 2^(emin + e - man - 1), is
-// normal bf16: bias + man + 1.
+// The smallest scale byte this file's encoders take: they need a normal bf16 x wherever v
+// is an element normal (byte > bias) and 2^(k + man + 126) a finite f32 (bias + max(man - 1,
+// 1)); where table_codes, also the lowest binade sub_index16 counts in, 2^(emin + e - man -
+// 1), a normal bf16 (bias + man + 1).
 template <class F>
 constexpr int32_t min_byte() {
-  return table_codes<F>() ? F::bias + F::man_bits + 1 : min_simd_byte<F>();
+  return F::bias + (table_codes<F>() ? F::man_bits + 1 : F::man_bits > 2 ? F::man_bits - 1 : 1);
 }
 
 // A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).

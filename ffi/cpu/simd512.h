@@ -10,7 +10,7 @@
 // Where eb >= 1 (the element's normal range) the code is an integer rounding of v's bits;
 // below, v * 2^(man - emin) is made by an add to the bf16 exponent and rounded by the float
 // -> int conversion (encode32; FP4's three values there by two compares). Blocks with scale
-// bytes below min_simd_byte (and NaN / Inf blocks) go to the scalar path.
+// bytes below min_byte (and NaN / Inf blocks) go to the scalar path.
 #ifndef MXJAX_CPU_SIMD512_H_
 #define MXJAX_CPU_SIMD512_H_
 
@@ -38,7 +38,7 @@ namespace simd512 {
 // bf16-subnormal x then has v < 2^(emin - man - 1) (code 0) in both of its paths, and x is a
 // normal bf16 wherever v is an element normal.
 template <class F>
-constexpr int32_t min_simd_byte() {
+constexpr int32_t min_byte() {
   return F::bias + F::man_bits + 1;
 }
 
@@ -107,7 +107,7 @@ inline __m512i encode32(__m512i x, const Scale& s) {
 
 // Scale bytes of 16 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
 // lanes; *k gets bias - byte (kZeroBlockK for zero blocks); *slow marks the blocks that the
-// scalar path must do (NaN / Inf, or nonzero with byte < min_simd_byte).
+// scalar path must do (NaN / Inf, or nonzero with byte < min_byte).
 template <class F>
 inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   const __m512i exp = _mm512_srli_epi32(a, 23);
@@ -123,8 +123,8 @@ inline __m512i scales16(__m512i a, int32_t mode, __m512i* k, __mmask16* slow) {
   __m512i byte = _mm512_maskz_add_epi32(~zero, e, _mm512_set1_epi32(127));
   const __mmask16 nan = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(int32_t(kF32Inf)));
   byte = _mm512_mask_mov_epi32(byte, nan, _mm512_set1_epi32(0xFF));
-  const __m512i min_byte = _mm512_set1_epi32(min_simd_byte<F>());
-  const __mmask16 tiny = _mm512_cmplt_epi32_mask(byte, min_byte) |
+  const __m512i lowest = _mm512_set1_epi32(min_byte<F>());
+  const __mmask16 tiny = _mm512_cmplt_epi32_mask(byte, lowest) |
                          _mm512_cmpeq_epi32_mask(exp, _mm512_setzero_si512());
   *slow = nan | (tiny & ~zero);
   *k = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_set1_epi32(F::bias), byte), zero,
