@@ -74,10 +74,12 @@ struct Tile2xOut {
 // blocks 8i.. of row r) and column Scales cs; kFull: a whole tile (kTileRows rows,
 // kTileBlocks blocks). Per storage group of rows (F::group_codes) and block (FP4: pair of
 // blocks, one rowwise store), each row's codes are stored rowwise at once and the group's
-// column codes after its last row.
+// column codes after its last row. `prefetch`: fetch the next tile's block of each row as
+// this one's is encoded (spread over the encoding, which has the time to wait for them).
 template <class F, bool kSaturate, bool kFull>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                    const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o) {
+                    const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o,
+                    bool prefetch) {
   constexpr int G = F::group_codes;
   constexpr int kStep = F::bits == 4 ? 2 : 1;
   constexpr int64_t bs = block_storage<F>(32);
@@ -102,6 +104,8 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int i = 0; i < G; ++i) {
         if (i < live) {
           const uint16_t* xr = x + (r + i) * ld + 32 * j;
+          if (prefetch) __builtin_prefetch(xr + 32 * nblk);
+          if (kStep == 2 && prefetch) __builtin_prefetch(xr + 32 * nblk + 32);
           const GroupScales& gs = g[r + i][j / 8].scales;
           __m256i rc[kStep];
           for (int q = 0; q <= pair; ++q) {
@@ -135,23 +139,20 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 }
 
 // Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
-// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
-// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
-// follow. Returns a bit per column strip that the scalar path must do (its scale bytes and
-// data undefined); the rowwise blocks are all done.
-template <class F>
+// kTileRows) rows `ld` apart at x, to o (kFull: a whole tile). `prefetch`: fetch the next
+// tile of the same rows (the next work unit) ahead, as the tile's rows are more streams than
+// hardware prefetchers follow. Returns a bit per column strip that the scalar path must do
+// (its scale bytes and data undefined); the rowwise blocks are all done.
+template <class F, bool kFull>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                  const Tile2xOut& o, bool prefetch) {
+  if (kFull) rows = kTileRows, nblk = kTileBlocks;
   Group g[kTileRows][kTileBlocks / 8];
   Vec amax[kTileBlocks];
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
   for (int r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * ld;
-    for (int b = 0; prefetch && b < 64 * nblk; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(xr + 32 * nblk) + b);
-    }
     for (int b = 0; b < nblk; b += 8) {
-      prepare_group<F>(xr + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
+      prepare_group<F>(x + r * ld + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
                        o.row_scales + r * o.scale_ld + b, &g[r][b / 8], amax + b);
     }
   }
@@ -164,15 +165,21 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   }
   // Keeps the per-block broadcasts loads from g (see row_chunk).
   asm("" : "+m"(g));
-  const bool full = rows == kTileRows && nblk == kTileBlocks;
   if (mode == kRceil) {
-    (full ? encode_tile_2x<F, false, true> : encode_tile_2x<F, false, false>)(x, ld, rows, nblk,
-                                                                             mode, g, cs, o);
+    encode_tile_2x<F, false, kFull>(x, ld, rows, nblk, mode, g, cs, o, prefetch);
   } else {
-    (full ? encode_tile_2x<F, true, true> : encode_tile_2x<F, true, false>)(x, ld, rows, nblk,
-                                                                           mode, g, cs, o);
+    encode_tile_2x<F, true, kFull>(x, ld, rows, nblk, mode, g, cs, o, prefetch);
   }
   return slow;
+}
+
+// tile_2x for any tile.
+template <class F>
+uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                 const Tile2xOut& o, bool prefetch) {
+  return rows == kTileRows && nblk == kTileBlocks
+             ? tile_2x<F, true>(x, ld, rows, nblk, mode, o, prefetch)
+             : tile_2x<F, false>(x, ld, rows, nblk, mode, o, prefetch);
 }
 
 }  // namespace simd256
