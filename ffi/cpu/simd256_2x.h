@@ -139,20 +139,20 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 }
 
 // Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
-// kTileRows) rows `ld` apart at x, to o (kFull: a whole tile). `prefetch`: fetch the next
-// tile of the same rows (the next work unit) ahead, as the tile's rows are more streams than
+// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
+// (the next work unit) ahead (in the second pass), as the tile's rows are more streams than
 // hardware prefetchers follow. Returns a bit per column strip that the scalar path must do
 // (its scale bytes and data undefined); the rowwise blocks are all done.
-template <class F, bool kFull>
+template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                  const Tile2xOut& o, bool prefetch) {
-  if (kFull) rows = kTileRows, nblk = kTileBlocks;
   Group g[kTileRows][kTileBlocks / 8];
   Vec amax[kTileBlocks];
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
   for (int r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ld;
     for (int b = 0; b < nblk; b += 8) {
-      prepare_group<F>(x + r * ld + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
+      prepare_group<F>(xr + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
                        o.row_scales + r * o.scale_ld + b, &g[r][b / 8], amax + b);
     }
   }
@@ -165,21 +165,15 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   }
   // Keeps the per-block broadcasts loads from g (see row_chunk).
   asm("" : "+m"(g));
+  const bool full = rows == kTileRows && nblk == kTileBlocks;
   if (mode == kRceil) {
-    encode_tile_2x<F, false, kFull>(x, ld, rows, nblk, mode, g, cs, o, prefetch);
+    (full ? encode_tile_2x<F, false, true> : encode_tile_2x<F, false, false>)(
+        x, ld, rows, nblk, mode, g, cs, o, prefetch);
   } else {
-    encode_tile_2x<F, true, kFull>(x, ld, rows, nblk, mode, g, cs, o, prefetch);
+    (full ? encode_tile_2x<F, true, true> : encode_tile_2x<F, true, false>)(
+        x, ld, rows, nblk, mode, g, cs, o, prefetch);
   }
   return slow;
-}
-
-// tile_2x for any tile.
-template <class F>
-uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, bool prefetch) {
-  return rows == kTileRows && nblk == kTileBlocks
-             ? tile_2x<F, true>(x, ld, rows, nblk, mode, o, prefetch)
-             : tile_2x<F, false>(x, ld, rows, nblk, mode, o, prefetch);
 }
 
 }  // namespace simd256
