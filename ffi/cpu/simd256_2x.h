@@ -71,43 +71,58 @@ struct Tile2xOut {
 };
 
 // tile_2x's second pass (kSaturate: see encode16), with the first's rowwise groups (g[r][i]:
-// blocks 8i.. of row r) and column Scales cs.
-template <class F, bool kSaturate>
+// blocks 8i.. of row r) and column Scales cs; kFull: a whole tile (kTileRows rows,
+// kTileBlocks blocks). Per storage group of rows (F::group_codes) and block (FP4: pair of
+// blocks, one rowwise store), each row's codes are stored rowwise at once and the group's
+// column codes after its last row. `prefetch`: fetch the next tile's block of each row as
+// this one's is encoded (spread over the encoding, which has the time to wait for them).
+template <class F, bool kSaturate, bool kFull>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                    const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o) {
+                    const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o,
+                    bool prefetch) {
   constexpr int G = F::group_codes;
+  constexpr int kStep = F::bits == 4 ? 2 : 1;
   constexpr int64_t bs = block_storage<F>(32);
+  if (kFull) rows = kTileRows, nblk = kTileBlocks;
+  // Local copies of o: the byte stores below may alias it (GCC would reload it every block).
+  uint8_t* const row_data = o.row_data;
+  uint8_t* const row_scales = o.row_scales;
+  uint8_t* const col_data = o.col_data;
+  const int64_t row_ld = o.row_ld, scale_ld = o.scale_ld, col_ld = o.col_ld;
+  const bool row_stream = o.row_stream, col_stream = o.col_stream;
   alignas(64) uint8_t stage[G][kTileBlocks * bs];
   for (int r = 0; r < rows; r += G) {
-    const int live = rows - r < G ? rows - r : G;
+    const int live = kFull || rows - r >= G ? G : rows - r;
     uint8_t* rout[G];
     for (int i = 0; i < G; ++i) {  // rows past the tile: none stored there
-      rout[i] = o.row_stream || i >= live ? stage[i] : o.row_data + (r + i) * o.row_ld;
+      rout[i] = row_stream || i >= live ? stage[i] : row_data + (r + i) * row_ld;
     }
-    for (int j = 0; j < nblk; j += 2) {  // blocks j, j + 1 (FP4 packs a row's two at once)
-      const int pair = j + 1 < nblk;
-      __m256i cc[2][G];
+    uint8_t* const cout = col_data + r / G * F::group_bytes * col_ld;
+    for (int j = 0; j < nblk; j += kStep) {
+      const int pair = kStep == 2 && j + 1 < nblk;
+      __m256i cc[kStep][G];
       for (int i = 0; i < G; ++i) {
         if (i < live) {
           const uint16_t* xr = x + (r + i) * ld + 32 * j;
-          const Group& gr = g[r + i][j / 8];
-          __m256i rc[2];
+          if (prefetch) __builtin_prefetch(xr + 32 * nblk);
+          if (kStep == 2 && prefetch) __builtin_prefetch(xr + 32 * nblk + 32);
+          const GroupScales& gs = g[r + i][j / 8].scales;
+          __m256i rc[kStep];
           for (int q = 0; q <= pair; ++q) {
-            codes_2x<F, kSaturate>(xr + 32 * q, block_scale<F>(gr.scales, j % 8 + q), cs[j + q],
-                                   &rc[q], &cc[q][i]);
+            codes_2x<F, kSaturate>(xr + 32 * q, block_scale<F>(gs, j % 8 + q), cs[j + q], &rc[q],
+                                   &cc[q][i]);
           }
           if (pair) {
-            store_codes2<F>(rc[0], rc[1], rout[i] + bs * j, j + 2 < nblk);
+            store_codes2<F>(rc[0], rc[kStep - 1], rout[i] + bs * j, false);
           } else {
-            store_codes<F>(rc[0], rout[i] + bs * j, false);
+            store_codes<F>(rc[0], rout[i] + bs * j, j + 1 < nblk);
           }
         } else {
-          cc[0][i] = cc[1][i] = _mm256_setzero_si256();
+          for (int q = 0; q < kStep; ++q) cc[q][i] = _mm256_setzero_si256();
         }
       }
       for (int q = 0; q <= pair; ++q) {
-        store_strip_codes<F>(cc[q], o.col_data + r / G * F::group_bytes * o.col_ld + 32 * (j + q),
-                             o.col_ld, o.col_stream);
+        store_strip_codes<F>(cc[q], cout + 32 * (j + q), col_ld, col_stream);
       }
     }
     for (int i = 0; i < live; ++i) {
@@ -115,20 +130,19 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int b = 0; b < nblk; b += 8) {
         for (int slow = g[r + i][b / 8].slow; slow; slow &= slow - 1) {
           const int j = b + __builtin_ctz(unsigned(slow));
-          scalar_block<F>(xr + 32 * j, mode, rout[i] + bs * j,
-                          o.row_scales + (r + i) * o.scale_ld + j);
+          scalar_block<F>(xr + 32 * j, mode, rout[i] + bs * j, row_scales + (r + i) * scale_ld + j);
         }
       }
-      if (o.row_stream) stream_copy(o.row_data + (r + i) * o.row_ld, stage[i], nblk * bs);
+      if (row_stream) stream_copy(row_data + (r + i) * row_ld, stage[i], nblk * bs);
     }
   }
 }
 
 // Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
 // kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
-// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
-// follow. Returns a bit per column strip that the scalar path must do (its scale bytes and
-// data undefined); the rowwise blocks are all done.
+// (the next work unit) ahead (in the second pass), as the tile's rows are more streams than
+// hardware prefetchers follow. Returns a bit per column strip that the scalar path must do
+// (its scale bytes and data undefined); the rowwise blocks are all done.
 template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                  const Tile2xOut& o, bool prefetch) {
@@ -137,9 +151,6 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
   for (int r = 0; r < rows; ++r) {
     const uint16_t* xr = x + r * ld;
-    for (int b = 0; prefetch && b < 64 * nblk; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(xr + 32 * nblk) + b);
-    }
     for (int b = 0; b < nblk; b += 8) {
       prepare_group<F>(xr + 32 * b, nblk - b < 8 ? nblk - b : 8, mode,
                        o.row_scales + r * o.scale_ld + b, &g[r][b / 8], amax + b);
@@ -154,10 +165,13 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   }
   // Keeps the per-block broadcasts loads from g (see row_chunk).
   asm("" : "+m"(g));
+  const bool full = rows == kTileRows && nblk == kTileBlocks;
   if (mode == kRceil) {
-    encode_tile_2x<F, false>(x, ld, rows, nblk, mode, g, cs, o);
+    (full ? encode_tile_2x<F, false, true> : encode_tile_2x<F, false, false>)(
+        x, ld, rows, nblk, mode, g, cs, o, prefetch);
   } else {
-    encode_tile_2x<F, true>(x, ld, rows, nblk, mode, g, cs, o);
+    (full ? encode_tile_2x<F, true, true> : encode_tile_2x<F, true, false>)(
+        x, ld, rows, nblk, mode, g, cs, o, prefetch);
   }
   return slow;
 }
