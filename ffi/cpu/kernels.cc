@@ -146,10 +146,10 @@ template <class F>
 void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
                   uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
                   uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream) {
-  static_assert(kUnitCols == 32 * simd::kTileBlocks);
+  static_assert(kUnitCols == 32 * cpu::kTileBlocks);
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
-  const simd::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
+  const cpu::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
                             row_stream, col_data + c0, col_scales + c0, k, col_stream};
   uint32_t slow = simd::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
   MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize_row's zeroed codes (see gcc_diagnostics.h)

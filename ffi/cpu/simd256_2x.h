@@ -19,14 +19,15 @@
 
 #include "mxjax/quantize.h"
 #include "stream.h"
+#include "tile_2x.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd256 {
 
-// The largest tile: one block of rows, 16 blocks of columns.
-constexpr int kTileRows = 32;
-constexpr int kTileBlocks = 16;
+using cpu::kTileBlocks;
+using cpu::kTileRows;
+using cpu::Tile2xOut;
 
 // The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
 // Scale rs (*rc) and for the strip's column Scales cs (*cc), as block_codes makes them.
@@ -52,23 +53,6 @@ inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, _
   *rc = _mm256_or_si256(r, sign);
   *cc = _mm256_or_si256(c, sign);
 }
-
-// Where tile_2x's outputs go: the rowwise data and scales of the tile's first row at its
-// first block (rows row_ld and scale_ld apart; `row_stream`: whole lines with streaming
-// stores, through a staging buffer), the columnwise data and scales at its first column
-// (storage rows col_ld apart; `col_stream`: streaming stores, which need col_data and
-// col_scales 32-byte aligned and col_ld a multiple of 32).
-struct Tile2xOut {
-  uint8_t* row_data;
-  int64_t row_ld;
-  uint8_t* row_scales;
-  int64_t scale_ld;
-  bool row_stream;
-  uint8_t* col_data;
-  uint8_t* col_scales;
-  int64_t col_ld;
-  bool col_stream;
-};
 
 // tile_2x's second pass (kSaturate: see encode16), with the first's rowwise groups (g[r][i]:
 // blocks 8i.. of row r) and column Scales cs; kFull: a whole tile (kTileRows rows,

@@ -19,31 +19,15 @@
 
 #include "mxjax/quantize.h"
 #include "stream.h"
+#include "tile_2x.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
 namespace simd512 {
 
-// The largest tile: one block of rows, 16 blocks of columns (as simd256_2x.h).
-constexpr int kTileRows = 32;
-constexpr int kTileBlocks = 16;
-
-// Where tile_2x's outputs go (as simd256_2x.h): the rowwise data and scales of the tile's
-// first row at its first block (rows row_ld and scale_ld apart; `row_stream`: whole lines
-// with streaming stores, through a staging buffer), the columnwise data and scales at its
-// first column (storage rows col_ld apart; `col_stream`: streaming stores, which need
-// col_data and col_scales 32-byte aligned and col_ld a multiple of 32).
-struct Tile2xOut {
-  uint8_t* row_data;
-  int64_t row_ld;
-  uint8_t* row_scales;
-  int64_t scale_ld;
-  bool row_stream;
-  uint8_t* col_data;
-  uint8_t* col_scales;
-  int64_t col_ld;
-  bool col_stream;
-};
+using cpu::kTileBlocks;
+using cpu::kTileRows;
+using cpu::Tile2xOut;
 
 // tile_2x's second pass, with the first's rowwise Scale biases (bias[r][j]: block j of row r,
 // see block_biases) and scalar-path blocks (slow[r], bit j), and the strips' Scales cs. Per
