@@ -137,11 +137,25 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 #endif
 
 #ifdef MXJAX_HAVE_SIMD_ROWS
+// The fused quantize_2x tile this level uses for F (arguments as simd256::tile_2x): at
+// AVX-512 simd512_2x.h's for FP8, and simd256_2x.h's (built with AVX-512VL) for FP4 / FP6,
+// which was faster on a Zen 4 (512-bit ops in two halves) in and out of cache: one thread,
+// 2048 x 8192 bf16 with streaming stores, Gelem/s 256-bit / 512-bit tile: e2m1 3.2-3.5 /
+// 2.4-2.6, e3m2 3.0 / 1.6, e2m3 2.8 / 2.4, e4m3 2.3-2.6 / 2.6.
+template <class F>
+uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
+                       const cpu::Tile2xOut& o, bool prefetch) {
+#ifdef MXJAX_HAVE_SIMD512
+  if constexpr (F::bits == 8) return simd512::tile_2x<F>(x, ld, rows, nblk, mode, o, prefetch);
+#endif
+  return simd256::tile_2x<F>(x, ld, rows, nblk, mode, o, prefetch);
+}
+
 // quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
 // nbk apart), col_data / col_scales at its first storage row (columns k apart).
-// The level's tile_2x, then quantize.h's templates for the strips it returns and the ragged
-// ends (a last block shorter than 32, columns past the last whole block).
+// level_tile_2x, then quantize.h's templates for the strips it returns and the ragged ends
+// (a last block shorter than 32, columns past the last whole block).
 template <class F>
 void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
                   uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
@@ -151,7 +165,7 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
   const int nblk = int(full - b0);
   const cpu::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
                             row_stream, col_data + c0, col_scales + c0, k, col_stream};
-  uint32_t slow = simd::tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
+  uint32_t slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
   MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize_row's zeroed codes (see gcc_diagnostics.h)
   for (int r = 0; full < b1 && r < rows; ++r) {
     quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
