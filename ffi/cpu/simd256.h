@@ -181,6 +181,7 @@ inline void set_group_scales(__m256i byte, GroupScales* g) {
   }
 }
 
+// Block i's Scale, broadcast from g: only the fields F's encoders read (see encode32).
 template <class F>
 inline Scale block_scale(const GroupScales& g, int i) {
   Scale s;
