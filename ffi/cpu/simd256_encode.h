@@ -47,7 +47,7 @@ inline __m256i byte_table(const uint8_t (&t)[16]) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
-// What the encoders need of the scales of a vector's lanes, u16 lanes but for sub_*:
+// What the encoders need of the scales of a vector's lanes (u16 lanes):
 struct Scale {
   __m256i normal;  // bf16 bits of 2^(emin + e)
   __m256i offset;  // normal_codes16: normal - 128 - (2^(6 - man) - 1)
