@@ -159,17 +159,16 @@ inline void store_bytes8(__m256i v, uint8_t* out) {
 }
 
 // The Scales of 8 blocks, for broadcasting block i's: Scale's u16 fields in both halves of
-// u32 lane i, and sub_lo = sub_hi.
+// u32 lane i.
 struct GroupScales {
-  alignas(32) int32_t normal[8], offset[8], base[8];
-  alignas(32) float sub[8];
+  alignas(32) int32_t normal[8], offset[8], base[8], sub[8];
 };
 
 // From the encoders' scale bytes (i32 lanes).
 template <class F>
 inline void set_group_scales(__m256i byte, GroupScales* g) {
   Scale s;
-  set_integer_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
+  set_fields<F>(_mm256_or_si256(byte, _mm256_slli_epi32(byte, 16)), &s);
   auto store = [](int32_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
   if constexpr (table_codes<F>()) {
     if constexpr (F::bits == 6) store(g->offset, s.offset);
@@ -177,7 +176,7 @@ inline void set_group_scales(__m256i byte, GroupScales* g) {
   } else {
     store(g->normal, s.normal);
     if constexpr (F::bits == 8) store(g->offset, s.offset);
-    _mm256_store_ps(g->sub, subnormal_mul<F>(byte));
+    store(g->sub, s.sub);
   }
 }
 
@@ -191,7 +190,7 @@ inline Scale block_scale(const GroupScales& g, int i) {
   } else {
     s.normal = set32(g.normal[i]);
     if constexpr (F::bits == 8) s.offset = set32(g.offset[i]);
-    s.sub_lo = s.sub_hi = _mm256_set1_ps(g.sub[i]);
+    s.sub = set32(g.sub[i]);
   }
   return s;
 }

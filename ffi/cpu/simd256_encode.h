@@ -33,13 +33,13 @@ constexpr bool table_codes() {
   return F::man_bits <= 2 && F::bits <= 6;
 }
 
-// The smallest scale byte this file's encoders take: they need a normal bf16 x wherever v
-// is an element normal (byte > bias) and 2^(k + man + 126) a finite f32 (bias + max(man - 1,
-// 1)); where table_codes, also the lowest binade sub_index16 counts in, 2^(emin + e - man -
-// 1), a normal bf16 (bias + man + 1).
+// The smallest scale byte this file's encoders take (k = bias - byte <= -(man + 1)): x is a
+// normal bf16 wherever v is an element normal, a zero or bf16-subnormal x encodes to 0 in
+// encode16 (its w is at most 2^(k + man - 1) * (2 - 2^-7) < 1/2), and where table_codes, the
+// lowest binade sub_index16 counts in, 2^(emin + e - man - 1), is a normal bf16.
 template <class F>
 constexpr int32_t min_byte() {
-  return F::bias + (table_codes<F>() ? F::man_bits + 1 : F::man_bits > 2 ? F::man_bits - 1 : 1);
+  return F::bias + F::man_bits + 1;
 }
 
 // A 16-entry byte table in both 128-bit lanes (for _mm256_shuffle_epi8 with indices < 16).
@@ -47,14 +47,12 @@ inline __m256i byte_table(const uint8_t (&t)[16]) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
-// What the encoders need of the scales of a vector's lanes, u16 lanes but for sub_*:
+// What the encoders need of the scales of a vector's lanes (u16 lanes):
 struct Scale {
   __m256i normal;  // bf16 bits of 2^(emin + e)
   __m256i offset;  // normal_codes16: normal - 128 - (2^(6 - man) - 1)
   __m256i base;    // sub_index16: normal - sub_index_below
-  // encode16: 2^(k + man + 126) = 2^(man - emin - e) in f32 lanes in the order of
-  // _mm256_unpacklo / hi_epi16 (lanes 0-3 and 8-11 / 4-7 and 12-15)
-  __m256 sub_lo, sub_hi;
+  __m256i sub;     // encode16: (k + man + 126) << 7
 };
 
 // sub_index16's base below normal: the index counts steps of 32 from the bottom of the
@@ -64,33 +62,24 @@ constexpr int sub_index_below() {
   return 128 * (F::man_bits + 1) + 31;
 }
 
-// Scale's integer fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit
-// ones): normal = (byte + 1 - bias) << 7, the exponent field of 2^(emin + e) being byte + 1 -
-// bias; the others from it.
+// Scale's fields for scale bytes `byte` in 16-bit lanes (or in both halves of 32-bit ones):
+// normal = (byte + 1 - bias) << 7, the exponent field of 2^(emin + e) being byte + 1 - bias;
+// the others from it, and sub = (bias + man + 126 - byte) << 7.
 template <class F>
-inline void set_integer_fields(__m256i byte, Scale* s) {
+inline void set_fields(__m256i byte, Scale* s) {
   const __m256i b7 = _mm256_slli_epi16(byte, 7);
   const int normal = (1 - F::bias) * 128;
   s->normal = _mm256_add_epi16(b7, set16(normal));
   s->offset = _mm256_add_epi16(b7, set16(normal - 128 - ((1 << (6 - F::man_bits)) - 1)));
   s->base = _mm256_add_epi16(b7, set16(normal - sub_index_below<F>()));
-}
-
-// 2^(k + man + 126) as f32 for scale bytes in i32 lanes (k = bias - byte).
-template <class F>
-inline __m256 subnormal_mul(__m256i byte) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_sub_epi32(set32(F::bias + F::man_bits + 253), byte), 23));
+  s->sub = _mm256_sub_epi16(set16((F::bias + F::man_bits + 126) * 128), b7);
 }
 
 // The Scale of 16 lanes from their scale bytes (i16 lanes).
 template <class F>
 inline Scale scale_of(__m256i byte16) {
-  const __m256i z = _mm256_setzero_si256();
   Scale s;
-  set_integer_fields<F>(byte16, &s);
-  s.sub_lo = subnormal_mul<F>(_mm256_unpacklo_epi16(byte16, z));
-  s.sub_hi = subnormal_mul<F>(_mm256_unpackhi_epi16(byte16, z));
+  set_fields<F>(byte16, &s);
   return s;
 }
 
@@ -98,21 +87,21 @@ inline Scale scale_of(__m256i byte16) {
 // max(0, exponent(v) - emin), code = (j << man) + RNE(v * 2^(man - emin - j)), the second
 // term in [0, 2^(man + 1)] (j = 0: the element subnormals; j > 0: the normals, whose rounding
 // may carry into the exponent). v * 2^(man - emin - j) is x with its exponent lowered by j
-// (j << 7 = ax - normal, whole binades, where ax >= normal), times 2^(k + man + 126): exact
-// in f32 (underflow only where the code is 0 anyway), rounded to an integer by the float ->
-// int conversion (round to nearest even). kSaturate: clamp to max_code (RCEIL scales never
-// need it: their v <= max).
+// (j << 7 = ax - normal, whole binades, where ax >= normal) and raised by k + man + 126 (an
+// add to the bf16 bits): exact as an f32 where its exponent field stays positive (below, the
+// code is 0, and so is the conversion of the tiny, negative or NaN f32 the add makes there,
+// through the unsigned saturation of the pack), rounded to an integer by the float -> int
+// conversion (round to nearest even). kSaturate: clamp to max_code (RCEIL scales never need
+// it: their v <= max).
 template <class F, bool kSaturate>
 inline __m256i encode16(__m256i ax, const Scale& s) {
   constexpr int c = 7 - F::man_bits;
   const __m256i j7 = _mm256_and_si256(_mm256_subs_epu16(ax, s.normal), set16(0xFF80));
-  const __m256i xj = _mm256_sub_epi16(ax, j7);
+  const __m256i w = _mm256_sub_epi16(_mm256_add_epi16(ax, s.sub), j7);
   const __m256i z = _mm256_setzero_si256();
-  const __m256i lo = _mm256_cvtps_epi32(
-      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, xj)), s.sub_lo));
-  const __m256i hi = _mm256_cvtps_epi32(
-      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, xj)), s.sub_hi));
-  const __m256i code = _mm256_add_epi16(_mm256_packs_epi32(lo, hi), _mm256_srli_epi16(j7, c));
+  const __m256i lo = _mm256_cvtps_epi32(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w)));
+  const __m256i hi = _mm256_cvtps_epi32(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w)));
+  const __m256i code = _mm256_add_epi16(_mm256_packus_epi32(lo, hi), _mm256_srli_epi16(j7, c));
   return kSaturate ? _mm256_min_epu16(code, set16(F::max_code)) : code;
 }
 
