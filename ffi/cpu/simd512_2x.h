@@ -59,11 +59,31 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
         }
         const uint16_t* xr = x + (r + i) * ld + 32 * j;
         __m512i rc[P];
-        for (int q = 0; q < P; ++q) {
-          const int b = q < nb ? q : 0;  // past nb: any block (not stored)
-          const __m512i v = _mm512_loadu_si512(xr + 32 * b);
-          rc[q] = encode32<F>(v, {_mm512_set1_epi32(bias[r + i][j + b])});
-          cc[q][i] = encode32<F>(v, cs[j + b]);
+        constexpr int16_t kNormal = 1 << F::man_bits;
+        __m512i lowest = _mm512_set1_epi16(kNormal);  // encode32_normal's min r
+        auto encode = [&](bool normal) __attribute__((always_inline)) {
+          for (int q = 0; q < P; ++q) {
+            const int b = q < nb ? q : 0;  // past nb: any block (not stored)
+            const __m512i v = _mm512_loadu_si512(xr + 32 * b);
+            const Scale s{_mm512_set1_epi32(bias[r + i][j + b])};
+            if (normal) {
+              __m512i lr, lc;
+              rc[q] = encode32_normal<F>(v, s, &lr);
+              cc[q][i] = encode32_normal<F>(v, cs[j + b], &lc);
+              const __m512i ax = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+              lowest = _mm512_mask_min_epi16(lowest, _mm512_test_epi16_mask(ax, ax), lowest,
+                                             _mm512_min_epi16(lr, lc));
+            } else {
+              rc[q] = encode32<F>(v, s);
+              cc[q][i] = encode32<F>(v, cs[j + b]);
+            }
+          }
+        };
+        // FP8: encode32_normal, whose codes are all right but in rare chunks (one test for
+        // the chunk's vectors); encode32 for those and other formats.
+        encode(F::bits == 8);
+        if (F::bits == 8 && _mm512_cmplt_epi16_mask(lowest, _mm512_set1_epi16(kNormal))) {
+          encode(false);
         }
         store_blocks<F>(rc, nb, rout[i] + bs * j);
       }
