@@ -105,6 +105,27 @@ inline __m512i encode32(__m512i x, const Scale& s) {
                                    0xF8);
 }
 
+// encode32 for vectors whose nonzero lanes are all element normals (m >= 128): FP8's common
+// case, without encode32's test for the others. *r gets RNE(m >> c) before the clamp (an
+// arithmetic shift): at least 2^man (the smallest normal's code) exactly where the code is
+// right, in element normals and in the subnormals that round up to 2^man (m > 127 - 2^(c-1)).
+// The caller tests the min of *r over the nonzero lanes of several vectors at once and
+// redoes them with encode32 where it is below 2^man.
+template <class F>
+inline __m512i encode32_normal(__m512i x, const Scale& s, __m512i* r) {
+  constexpr int c = 7 - F::man_bits;
+  const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF));
+  const __mmask32 odd = _mm512_test_epi16_mask(ax, _mm512_set1_epi16(1 << c));
+  // |x| + odd (shared by a vector's encodes) + the Scale's bias
+  const __m512i ao = _mm512_mask_add_epi16(ax, odd, ax, _mm512_set1_epi16(1));
+  *r = _mm512_srai_epi16(_mm512_add_epi16(ao, s.bias), c);
+  const __m512i code = _mm512_maskz_min_epi16(_mm512_test_epi16_mask(ax, ax), *r,
+                                              _mm512_set1_epi16(int16_t(F::max_code)));
+  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
+  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
+                                   0xF8);
+}
+
 // Scale bytes of 16 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
 // lanes; *k gets bias - byte (kZeroBlockK for zero blocks); *slow marks the blocks that the
 // scalar path must do (NaN / Inf, or nonzero with byte < min_byte).
