@@ -60,6 +60,14 @@ inline Scale scale_of(__m512i k16) {
   return {_mm512_add_epi16(_mm512_slli_epi16(k16, 7), _mm512_set1_epi16(kRoundBias<F>))};
 }
 
+// Magnitude codes (u16 lanes) with the sign bits of the bf16 x: code | (sign & signbit).
+template <class F>
+inline __m512i with_sign(__m512i code, __m512i x) {
+  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
+  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
+                                   0xF8);
+}
+
 // 32 bf16 (bits) -> 32 magnitude|sign codes in u16 lanes, for the scales s. m = |x| + (k << 7)
 // is v's bits in a bf16-like layout whose exponent field is eb = exp(x) + k (-253 <= eb <=
 // 253, so m fits an int16). Lanes in the element's normal range (eb >= 1, m >= 128) have
@@ -99,10 +107,7 @@ inline __m512i encode32(__m512i x, const Scale& s) {
   } else {
     code = _mm512_maskz_min_epu16(normal, r, max_code);
   }
-  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
-  // code | (sign & signbit)
-  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
-                                   0xF8);
+  return with_sign<F>(code, x);
 }
 
 // encode32 for vectors whose nonzero lanes are all element normals (m >= 128): FP8's common
@@ -121,9 +126,7 @@ inline __m512i encode32_normal(__m512i x, const Scale& s, __m512i* r) {
   *r = _mm512_srai_epi16(_mm512_add_epi16(ao, s.bias), c);
   const __m512i code = _mm512_maskz_min_epi16(_mm512_test_epi16_mask(ax, ax), *r,
                                               _mm512_set1_epi16(int16_t(F::max_code)));
-  const __m512i sign = _mm512_srli_epi16(x, 15 - (F::bits - 1));
-  return _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi16(int16_t(1u << (F::bits - 1))),
-                                   0xF8);
+  return with_sign<F>(code, x);
 }
 
 // Scale bytes of 16 blocks from their amax (f32 bits, u32 lanes). Returns the bytes in u32
