@@ -144,28 +144,29 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 // 2.4-2.6, e3m2 3.0 / 1.6, e2m3 2.8 / 2.4, e4m3 2.3-2.6 / 2.6.
 template <class F>
 uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                       const cpu::Tile2xOut& o, bool prefetch) {
+                       const cpu::Tile2xOut& o, const cpu::Tile2xAhead& ahead) {
 #ifdef MXJAX_HAVE_SIMD512
-  if constexpr (F::bits == 8) return simd512::tile_2x<F>(x, ld, rows, nblk, mode, o, prefetch);
+  if constexpr (F::bits == 8) return simd512::tile_2x<F>(x, ld, rows, nblk, mode, o, ahead);
 #endif
-  return simd256::tile_2x<F>(x, ld, rows, nblk, mode, o, prefetch);
+  return simd256::tile_2x<F>(x, ld, rows, nblk, mode, o, ahead);
 }
 
 // quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
-// nbk apart), col_data / col_scales at its first storage row (columns k apart).
-// level_tile_2x, then quantize.h's templates for the strips it returns and the ragged ends
-// (a last block shorter than 32, columns past the last whole block).
+// nbk apart), col_data / col_scales at its first storage row (columns k apart); the tiles
+// `ahead` fetched. level_tile_2x, then quantize.h's templates for the strips it returns and
+// the ragged ends (a last block shorter than 32, columns past the last whole block).
 template <class F>
 void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
                   uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
-                  uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream) {
+                  uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream,
+                  const cpu::Tile2xAhead& ahead) {
   static_assert(kUnitCols == 32 * cpu::kTileBlocks);
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
   const cpu::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
                             row_stream, col_data + c0, col_scales + c0, k, col_stream};
-  uint32_t slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, c1 + (c1 - c0) <= k);
+  uint32_t slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, ahead);
   MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize_row's zeroed codes (see gcc_diagnostics.h)
   for (int r = 0; full < b1 && r < rows; ++r) {
     quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
@@ -179,6 +180,16 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
   }
   const int64_t done = c0 + 32 * int64_t(nblk);
   if (done < c1) quantize_cols<F, BF16>(x, k, rows, done, c1, 32, mode, col_data, col_scales);
+}
+
+// The first element of quantize_2x work unit v's tile (bf16, block 32) where v < end and the
+// tile is whole (see Tile2xAhead), nullptr otherwise.
+const uint16_t* whole_tile_2x(const cpu::Quantize2xProblem& p, int64_t v, int64_t end) {
+  if (v >= end) return nullptr;
+  constexpr int64_t rows = cpu::kTileRows;  // block 32
+  const Tile t = tile_of(v, ceil_div(p.m, rows), p.k);
+  if (t.c1 - t.c0 < kUnitCols || (t.j + 1) * rows > p.m) return nullptr;
+  return static_cast<const uint16_t*>(p.x) + (t.o * p.m + t.j * rows) * p.k + t.c0;
 }
 #endif
 
@@ -258,7 +269,8 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       if constexpr (std::is_same_v<In, BF16>) {
         if (block == 32) {
           tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
-                          p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream);
+                          p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream,
+                          {whole_tile_2x(p, u + 1, end), whole_tile_2x(p, u + 2, end)});
           continue;
         }
       }

@@ -27,6 +27,7 @@ namespace simd256 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
+using cpu::Tile2xAhead;
 using cpu::Tile2xOut;
 
 // The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
@@ -58,12 +59,11 @@ inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, _
 // blocks 8i.. of row r) and column Scales cs; kFull: a whole tile (kTileRows rows,
 // kTileBlocks blocks). Per storage group of rows (F::group_codes) and block (FP4: pair of
 // blocks, one rowwise store), each row's codes are stored rowwise at once and the group's
-// column codes after its last row. `prefetch`: fetch the next tile's block of each row as
-// this one's is encoded (spread over the encoding, which has the time to wait for them).
+// column codes after its last row; the same lines of the tiles `ahead` fetched.
 template <class F, bool kSaturate, bool kFull>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o,
-                    bool prefetch) {
+                    const Tile2xAhead& ahead) {
   constexpr int G = F::group_codes;
   constexpr int kStep = F::bits == 4 ? 2 : 1;
   constexpr int64_t bs = block_storage<F>(32);
@@ -88,8 +88,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int i = 0; i < G; ++i) {
         if (i < live) {
           const uint16_t* xr = x + (r + i) * ld + 32 * j;
-          if (prefetch) __builtin_prefetch(xr + 32 * nblk);
-          if (kStep == 2 && prefetch) __builtin_prefetch(xr + 32 * nblk + 32);
+          for (int q = 0; q <= pair; ++q) cpu::fetch_ahead(ahead, (r + i) * ld + 32 * (j + q));
           const GroupScales& gs = g[r + i][j / 8].scales;
           __m256i rc[kStep];
           for (int q = 0; q <= pair; ++q) {
@@ -123,13 +122,12 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 }
 
 // Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
-// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
-// (the next work unit) ahead (in the second pass), as the tile's rows are more streams than
-// hardware prefetchers follow. Returns a bit per column strip that the scalar path must do
-// (its scale bytes and data undefined); the rowwise blocks are all done.
+// kTileRows) rows `ld` apart at x, to o, fetching the tiles `ahead` in the second pass.
+// Returns a bit per column strip that the scalar path must do (its scale bytes and data
+// undefined); the rowwise blocks are all done.
 template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, bool prefetch) {
+                 const Tile2xOut& o, const Tile2xAhead& ahead) {
   Group g[kTileRows][kTileBlocks / 8];
   Vec amax[kTileBlocks];
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
@@ -152,10 +150,10 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   const bool full = rows == kTileRows && nblk == kTileBlocks;
   if (mode == kRceil) {
     (full ? encode_tile_2x<F, false, true> : encode_tile_2x<F, false, false>)(
-        x, ld, rows, nblk, mode, g, cs, o, prefetch);
+        x, ld, rows, nblk, mode, g, cs, o, ahead);
   } else {
     (full ? encode_tile_2x<F, true, true> : encode_tile_2x<F, true, false>)(
-        x, ld, rows, nblk, mode, g, cs, o, prefetch);
+        x, ld, rows, nblk, mode, g, cs, o, ahead);
   }
   return slow;
 }

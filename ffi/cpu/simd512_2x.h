@@ -28,18 +28,19 @@ namespace simd512 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
+using cpu::Tile2xAhead;
 using cpu::Tile2xOut;
 
 // tile_2x's second pass, with the first's rowwise Scale biases (bias[r][j]: block j of row r,
 // see block_biases) and scalar-path blocks (slow[r], bit j), and the strips' Scales cs. Per
 // storage group of rows and kPackBlocks<F> blocks: each row's blocks encoded with both
-// scales, its rowwise codes stored at once, the strips' codes once the group's rows are done.
-// `prefetch`: as tile_2x's, the group's rows of the next tile.
+// scales, its rowwise codes stored at once, the strips' codes once the group's rows are done;
+// the same lines of the tiles `ahead` fetched.
 template <class F>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const int32_t (*bias)[kTileBlocks], const uint16_t* slow, const Scale* cs,
                     const Tile2xOut o,  // a copy: the byte stores may alias a reference's
-                    bool prefetch) {
+                    const Tile2xAhead ahead) {
   constexpr int G = F::group_codes;
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
@@ -60,6 +61,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
           continue;
         }
         const uint16_t* xr = x + (r + i) * ld + 32 * j;
+        for (int q = 0; q < nb; ++q) cpu::fetch_ahead(ahead, (r + i) * ld + 32 * (j + q));
         __m512i rc[P];
         constexpr int16_t kNormal = 1 << F::man_bits;
         __m512i lowest = _mm512_set1_epi16(kNormal);  // encode32_normal's min r
@@ -93,11 +95,6 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
         store_strip_codes<F>(cc[q], cout + 32 * (j + q), o.col_ld, o.col_stream);
       }
     };
-    for (int i = 0; prefetch && i < live; ++i) {
-      for (int b = 0; b < 64 * nblk; b += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(x + (r + i) * ld + 32 * nblk) + b);
-      }
-    }
     int j = 0;
     for (; j + P <= nblk; j += P) chunk(j, P);
     if (j < nblk) chunk(j, nblk - j);
@@ -133,15 +130,13 @@ __attribute__((always_inline)) inline void scan_rows(const uint16_t* x, int64_t 
 }
 
 // Both quantizations of blocks [0, nblk) (nblk <= kTileBlocks, all full) of `rows` (<=
-// kTileRows) rows `ld` apart at x, to o. `prefetch`: fetch the next tile of the same rows
-// (the next work unit) ahead, as the tile's rows are more streams than hardware prefetchers
-// follow; in the second pass, where memory would idle otherwise (from the first, the FP8
-// tile ran 12-15% slower out of cache on a Zen 4 once its encodes got faster). Returns a bit
-// per column strip that the scalar path must do (its scale bytes and data undefined); the
-// rowwise blocks are all done.
+// kTileRows) rows `ld` apart at x, to o, fetching the tiles `ahead` in the second pass (where
+// memory would idle otherwise: from the first, the FP8 tile ran 12-15% slower out of cache
+// on a Zen 4 once its encodes got faster). Returns a bit per column strip that the scalar
+// path must do (its scale bytes and data undefined); the rowwise blocks are all done.
 template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, bool prefetch) {
+                 const Tile2xOut& o, const Tile2xAhead& ahead) {
   alignas(64) int32_t bias[kTileRows][kTileBlocks];
   uint16_t slow[kTileRows];
   __m512i amax[kTileBlocks];
@@ -159,7 +154,7 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   }
   // Keeps the per-block broadcasts loads from bias (see simd256::row_groups).
   asm("" : "+m"(bias));
-  encode_tile_2x<F>(x, ld, rows, nblk, mode, bias, slow, cs, o, prefetch);
+  encode_tile_2x<F>(x, ld, rows, nblk, mode, bias, slow, cs, o, ahead);
   return slow_strips;
 }
 
