@@ -1,7 +1,8 @@
 """Benchmark: MX quantize kernels (XLA FFI) against the same quantization in jax.numpy.
 
-For each format: rowwise quantize (along the last axis) and rowwise + columnwise
-(`quantize_2x`, one pass) of a bf16 matrix, against an XLA-compiled jnp version. The jnp
+For each format: rowwise quantize (along the last axis), columnwise (along the first) and
+rowwise + columnwise (`quantize_2x`, one pass) of a bf16 matrix, against an XLA-compiled
+jnp version. The jnp
 baseline does float math (FP8 formats; not bit-exact at the edges, only a speed baseline)
 or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
 
@@ -14,7 +15,7 @@ The kernels are timed in turn with a copy in every repetition. Each ratio is pri
 ways: "B (median M)", B from each side's fastest run, M the median over the repetitions
 of the ratio within each (a neighbour's load or the bandwidth's drift then moves both
 sides alike). On CPU the copy is a memcpy on every core (benchmarks/roofline.py): rowwise
-quantize, quantize_2x and dequantize print their traffic (input + data + scales) per
+and columnwise quantize, quantize_2x and dequantize print their traffic (input + data + scales) per
 second as a fraction of the copy's (issue 13 goals: >= 0.8 for FP8 / FP4, >= 0.6 for FP6;
 quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an elementwise op that reads
 and writes every byte once (flipping the bf16 sign bits as uint16; XLA's CPU elementwise
@@ -78,16 +79,18 @@ def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   q = jax.jit(lambda x: quantize(x, fmt))(x)
   row, both = jax.jit(lambda x: quantize(x, fmt)), jax.jit(lambda x: quantize_2x(x, fmt))
+  col = jax.jit(lambda x: quantize(x, fmt, axis=-2))
   deq = jax.jit(lambda q: dequantize(q, jnp.bfloat16))
   if jax.devices()[0].platform == "cpu":
     copy, copy_bytes = parallel_copy()
   else:  # an elementwise op that reads and writes every input byte once
     flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000)
     copy, copy_bytes = functools.partial(flip, x), 4 * x.size
-  kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_2x": lambda: both(x),
-             "deq": lambda: deq(q)}
+  kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_col": lambda: col(x),
+             "kernel_2x": lambda: both(x), "deq": lambda: deq(q)}
   baselines = {
       "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
+      "jnp_col": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-2)),
       "jnp_2x": jax.jit(lambda x: (jnp_quantize(x, fmt, -1), jnp_quantize(x, fmt, -2))),
   }
   times = {**interleaved_times(kernels, reps=reps), **interleaved_times(baselines, x, reps=reps)}
@@ -103,16 +106,18 @@ def ratio(top: list, bottom: list, scale: float = 1.0) -> str:
 
 
 def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int) -> None:
-  """Prints rowwise quantize, quantize_2x and dequantize (to bf16) as fractions of the CPU
-  roofline: the bytes each moves per second over the parallel copy's (see `ratio`)."""
+  """Prints rowwise and columnwise quantize, quantize_2x and dequantize (to bf16) as
+  fractions of the CPU roofline: the bytes each moves per second over the parallel copy's
+  (see `ratio`)."""
   n, bits = int(np.prod(shape)), formats.element_format(fmt).bits
   moved = {"kernel_row": quantize_bytes(n, shape[-1], bits),
+           "kernel_col": quantize_bytes(n, shape[-2], bits),
            "kernel_2x": quantize_bytes(n, shape[-1], bits, outputs=2),
            "deq": quantize_bytes(n, shape[-1], bits)}
   fraction = {name: ratio(t["copy"], t[name], b / copy_bytes) for name, b in moved.items()}
   print(f"{fmt:7} roofline (copy {copy_bytes / min(t['copy']) / 1e9:.1f} GB/s, "
         f"{moved['kernel_row'] / n:.2f} B/elem): rowwise {fraction['kernel_row']}, "
-        f"2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}")
+        f"columnwise {fraction['kernel_col']}, 2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}")
 
 
 def bench_xla_path(fmts, shape, reps: int):
@@ -165,7 +170,7 @@ def main(argv=None):
   for fmt in args.formats.split(","):
     times, copy_bytes = bench(fmt, shape, args.reps)
     t = {name: statistics.median(v) for name, v in times.items()}
-    for op in ("row", "2x"):
+    for op in ("row", "col", "2x"):
       k, j = t[f"kernel_{op}"], t[f"jnp_{op}"]
       print(f"{fmt:7} {op:6} {k * 1e3:10.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {n / j / 1e9:8.2f} "
             f"{j / k:7.2f}x")

@@ -15,6 +15,8 @@
 #include "simd512_2x.h"
 #include "simd512_dequantize.h"
 #include "stream.h"
+#include "tile_2x.h"
+#include "tile_ahead.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -46,6 +48,19 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
   int64_t cc = u % ncc;
   int64_t oj = u / ncc;
   return {oj / nb, oj % nb, cc * kUnitCols, min64(inner, (cc + 1) * kUnitCols)};
+}
+
+// The tiles of work units u + 1 and u + 2 (< end) of bf16 x, [outer, n, inner] in tiles of
+// block 32 (kTileRows) rows, for u's tile to fetch (see TileAhead).
+cpu::TileAhead tiles_ahead(const void* x, int64_t n, int64_t inner, int64_t u, int64_t end) {
+  constexpr int64_t rows = cpu::kTileRows;
+  auto whole = [&](int64_t v) -> const uint16_t* {
+    if (v >= end) return nullptr;
+    const Tile t = tile_of(v, ceil_div(n, rows), inner);
+    if (t.c1 - t.c0 < kUnitCols || (t.j + 1) * rows > n) return nullptr;
+    return static_cast<const uint16_t*>(x) + (t.o * n + t.j * rows) * inner + t.c0;
+  };
+  return {whole(u + 1), whole(u + 2)};
 }
 
 #if defined(MXJAX_HAVE_SIMD512)
@@ -94,23 +109,18 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
 // [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
 // L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
 // path for strips that need it and the columns past the last strip. `stream`: the strips'
-// data and scales go out with streaming stores (whole lines: see col_stream).
+// data and scales go out with streaming stores (whole lines: see col_stream). The encode pass
+// fetches the tiles `ahead` line by line.
 template <class F>
 void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
-                   uint8_t* data, uint8_t* scales, bool stream) {
+                   uint8_t* data, uint8_t* scales, bool stream, const cpu::TileAhead& ahead) {
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
   const int strips = int((c1 - c0) / W);
   simd::Vec amax[kUnitCols / W];
   simd::StripScale scale[kUnitCols / W];
   for (int j = 0; j < strips; ++j) amax[j] = simd::Vec{};
-  // The tile's rows are more streams than hardware prefetchers follow: fetch the next tile
-  // of the same rows (the next work unit) ahead.
-  const bool ahead = c1 + (c1 - c0) <= ld;
   for (int r = 0; r < rows; ++r) {
-    for (int64_t b = 0; ahead && b < (c1 - c0) * 2; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(x + r * ld + c1) + b);
-    }
     for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
   }
   uint64_t scalar = 0;
@@ -122,6 +132,10 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
   for (int r = 0; r < rows; r += F::group_codes) {
     uint8_t* out = data + r / F::group_codes * F::group_bytes * ld + c0;
     for (int j = 0; j < strips; ++j) {
+      static_assert(W * sizeof(uint16_t) == 64);  // a strip's row: one line
+      for (int i = 0; i < F::group_codes && r + i < rows; ++i) {
+        cpu::fetch_ahead(ahead, (r + i) * ld + j * W);
+      }
       simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, scale[j], out + j * W, ld,
                             stream);
     }
@@ -144,7 +158,7 @@ void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t 
 // 2.4-2.6, e3m2 3.0 / 1.6, e2m3 2.8 / 2.4, e4m3 2.3-2.6 / 2.6.
 template <class F>
 uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                       const cpu::Tile2xOut& o, const cpu::Tile2xAhead& ahead) {
+                       const cpu::Tile2xOut& o, const cpu::TileAhead& ahead) {
 #ifdef MXJAX_HAVE_SIMD512
   if constexpr (F::bits == 8) return simd512::tile_2x<F>(x, ld, rows, nblk, mode, o, ahead);
 #endif
@@ -160,7 +174,7 @@ template <class F>
 void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
                   uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
                   uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream,
-                  const cpu::Tile2xAhead& ahead) {
+                  const cpu::TileAhead& ahead) {
   static_assert(kUnitCols == 32 * cpu::kTileBlocks);
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
@@ -181,29 +195,22 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
   const int64_t done = c0 + 32 * int64_t(nblk);
   if (done < c1) quantize_cols<F, BF16>(x, k, rows, done, c1, 32, mode, col_data, col_scales);
 }
-
-// The first element of quantize_2x work unit v's tile (bf16, block 32) where v < end and the
-// tile is whole (see Tile2xAhead), nullptr otherwise.
-const uint16_t* whole_tile_2x(const cpu::Quantize2xProblem& p, int64_t v, int64_t end) {
-  if (v >= end) return nullptr;
-  constexpr int64_t rows = cpu::kTileRows;  // block 32
-  const Tile t = tile_of(v, ceil_div(p.m, rows), p.k);
-  if (t.c1 - t.c0 < kUnitCols || (t.j + 1) * rows > p.m) return nullptr;
-  return static_cast<const uint16_t*>(p.x) + (t.o * p.m + t.j * rows) * p.k + t.c0;
-}
 #endif
 
 // One column tile (as quantize_cols): the SIMD level's bf16 / block-32 path where there is
-// one, quantize_cols otherwise.
+// one (fetching the tiles `ahead`), quantize_cols otherwise.
 template <class F, class In>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
-              int32_t mode, uint8_t* data, uint8_t* scales, bool stream) {
+              int32_t mode, uint8_t* data, uint8_t* scales, bool stream,
+              const cpu::TileAhead& ahead) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
   if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream);
+    if (block == 32) {
+      return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream, ahead);
+    }
   }
 #else
-  (void)stream;
+  (void)stream, (void)ahead;
 #endif
   quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
@@ -238,10 +245,12 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
+      const bool bf16_tiles = std::is_same_v<In, BF16> && block == cpu::kTileRows;
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
-                      p.scales + (t.o * nb + t.j) * p.inner, stream);
+                      p.scales + (t.o * nb + t.j) * p.inner, stream,
+                      bf16_tiles ? tiles_ahead(p.x, p.n, p.inner, u, end) : cpu::TileAhead{});
     }
   });
   if (p.stream) stream_fence();
@@ -270,7 +279,7 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
         if (block == 32) {
           tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
                           p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream,
-                          {whole_tile_2x(p, u + 1, end), whole_tile_2x(p, u + 2, end)});
+                          tiles_ahead(p.x, p.m, p.k, u, end));
           continue;
         }
       }
@@ -280,7 +289,8 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
         row_out<F, In>(x + (r0 + r) * p.k, p.k, b0, b1, block, p.mode, p.row_data + (r0 + r) * sk,
                        p.row_scales + (r0 + r) * nbk, p.stream);
       }
-      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream);
+      col_tile<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, block, p.mode, cdata, cscales, stream,
+                      {});
     }
   });
   if (p.stream) stream_fence();

@@ -20,6 +20,7 @@
 #include "mxjax/quantize.h"
 #include "stream.h"
 #include "tile_2x.h"
+#include "tile_ahead.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -27,7 +28,7 @@ namespace simd256 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
-using cpu::Tile2xAhead;
+using cpu::TileAhead;
 using cpu::Tile2xOut;
 
 // The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
@@ -63,7 +64,7 @@ inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, _
 template <class F, bool kSaturate, bool kFull>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o,
-                    const Tile2xAhead& ahead) {
+                    const TileAhead& ahead) {
   constexpr int G = F::group_codes;
   constexpr int kStep = F::bits == 4 ? 2 : 1;
   constexpr int64_t bs = block_storage<F>(32);
@@ -127,7 +128,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 // undefined); the rowwise blocks are all done.
 template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, const Tile2xAhead& ahead) {
+                 const Tile2xOut& o, const TileAhead& ahead) {
   Group g[kTileRows][kTileBlocks / 8];
   Vec amax[kTileBlocks];
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};

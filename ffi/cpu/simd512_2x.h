@@ -21,6 +21,7 @@
 #include "mxjax/quantize.h"
 #include "stream.h"
 #include "tile_2x.h"
+#include "tile_ahead.h"
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -28,7 +29,7 @@ namespace simd512 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
-using cpu::Tile2xAhead;
+using cpu::TileAhead;
 using cpu::Tile2xOut;
 
 // tile_2x's second pass, with the first's rowwise Scale biases (bias[r][j]: block j of row r,
@@ -40,7 +41,7 @@ template <class F>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const int32_t (*bias)[kTileBlocks], const uint16_t* slow, const Scale* cs,
                     const Tile2xOut o,  // a copy: the byte stores may alias a reference's
-                    const Tile2xAhead ahead) {
+                    const TileAhead ahead) {
   constexpr int G = F::group_codes;
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
@@ -136,7 +137,7 @@ __attribute__((always_inline)) inline void scan_rows(const uint16_t* x, int64_t 
 // path must do (its scale bytes and data undefined); the rowwise blocks are all done.
 template <class F>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, const Tile2xAhead& ahead) {
+                 const Tile2xOut& o, const TileAhead& ahead) {
   alignas(64) int32_t bias[kTileRows][kTileBlocks];
   uint16_t slow[kTileRows];
   __m512i amax[kTileBlocks];
