@@ -242,10 +242,10 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       return;
     }
     const bool stream = col_stream(p.stream, p.inner, p.data, p.scales);
+    const bool bf16_tiles = std::is_same_v<In, BF16> && block == cpu::kTileRows;
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
-      const bool bf16_tiles = std::is_same_v<In, BF16> && block == cpu::kTileRows;
       col_tile<F, In>(x + (t.o * p.n + t.j * p.block) * p.inner, p.inner, rows, t.c0, t.c1,
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,

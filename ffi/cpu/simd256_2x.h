@@ -28,8 +28,8 @@ namespace simd256 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
-using cpu::TileAhead;
 using cpu::Tile2xOut;
+using cpu::TileAhead;
 
 // The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
 // Scale rs (*rc) and for the strip's column Scales cs (*cc), as block_codes makes them.

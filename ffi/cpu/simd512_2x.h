@@ -29,8 +29,8 @@ namespace simd512 {
 
 using cpu::kTileBlocks;
 using cpu::kTileRows;
-using cpu::TileAhead;
 using cpu::Tile2xOut;
+using cpu::TileAhead;
 
 // tile_2x's second pass, with the first's rowwise Scale biases (bias[r][j]: block j of row r,
 // see block_biases) and scalar-path blocks (slow[r], bit j), and the strips' Scales cs. Per
@@ -40,8 +40,8 @@ using cpu::Tile2xOut;
 template <class F>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const int32_t (*bias)[kTileBlocks], const uint16_t* slow, const Scale* cs,
-                    const Tile2xOut o,  // a copy: the byte stores may alias a reference's
-                    const TileAhead ahead) {
+                    // copies: the byte stores may alias a reference's
+                    const Tile2xOut o, const TileAhead ahead) {
   constexpr int G = F::group_codes;
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);

@@ -13,7 +13,7 @@ namespace mxjax::cpu {
 // one is fetched into L1, the one after into L2, from memory a whole tile's time ahead. On a
 // Zen 4 with two threads (8192 x 8192 bf16) this made quantize_2x 10-19% faster for FP8 than
 // fetching only the next tile, up to 15% for FP4 and about 3% for the compute-bound FP6, and
-// columnwise quantize 30-65% faster than fetching the next tile in its first pass.
+// columnwise quantize 25-85% faster than fetching the next tile in its first pass.
 struct TileAhead {
   const uint16_t* next;
   const uint16_t* after;
