@@ -354,6 +354,22 @@ def test_dequantize_outputs_past_the_streaming_store_size(shape_dtype, fmt):
   assert_same_floats(dequantize(a, dtype), want)
 
 
+
+@pytest.mark.parametrize("shape_dtype", [((4096, 4096), jnp.bfloat16), ((2048, 4112), jnp.float32)],
+                         ids=["bf16", "f32"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_columnwise_dequantize_outputs_past_the_streaming_store_size(shape_dtype, fmt):
+  """Columnwise dequantize outputs of 32 MiB and more, rows a whole number of lines apart, go
+  out from the column strips with streaming stores; the strips left to the scalar path and the
+  columns past the last strip (f32: 4112 = 8 x 512 + 16) with ordinary stores after a fence."""
+  shape, dtype = shape_dtype
+  x = jnp.asarray(wide_mixed_blocks(*shape, seed=shape[1]))
+  assert math.prod(shape) * jnp.dtype(dtype).itemsize >= 32 << 20
+  a = quantize(x, fmt, axis=0)
+  want = reference.dequantize(a.data, a.scales, fmt, axis=0, block_size=32, shape=shape,
+                              dtype=dtype)
+  assert_same_floats(dequantize(a, dtype), want)
+
 def small_scale_blocks(rows: int, blocks: int) -> np.ndarray:
   """[rows, 32 * blocks] bf16: blocks whose amax has exponent field 1 .. 32 (scale bytes at the
   low end that the SIMD encoders take), the other elements bf16 subnormals and normals one to

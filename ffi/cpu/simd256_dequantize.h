@@ -230,7 +230,8 @@ inline void load_col_group(const uint8_t* data, int64_t ld, __m256i* codes) {
 
 // What col_tile needs of a vector width: strips of kCols columns (u16 lanes), e7 (scale
 // e << 7 per lane) from their scale bytes, the codes of a storage group (load_col_group),
-// whether a vector of codes holds a NaN / Inf code, and the decode + store of one row.
+// whether a vector of codes holds a NaN / Inf code, and the decode + store of one row
+// (`stream`: with a streaming store).
 struct ColStrip256 {
   static constexpr int kCols = 16;
   using Vec = __m256i;
@@ -248,8 +249,8 @@ struct ColStrip256 {
     return !_mm256_testz_si256(_mm256_cmpgt_epi16(mag, set16(F::max_code)), set16(-1));
   }
   template <class F, class Out>
-  static void decode_store(Vec c, Vec e7, typename Out::T* out) {
-    store16<Out>(decode16<F>(c, e7), out);
+  static void decode_store(Vec c, Vec e7, typename Out::T* out, bool stream) {
+    store16<Out>(decode16<F>(c, e7), out, stream);
   }
 };
 
@@ -257,12 +258,14 @@ struct ColStrip256 {
 // outputs per column, storage and outputs `ld` apart), c1 - c0 <= kMaxTileCols: strips of
 // S::kCols columns row by row (rows `ld` apart alias in L1, so each output row is written in
 // one go), then the scalar path for strips with a NaN / out-of-range scale or a NaN / Inf
-// code and for the columns past the last strip.
+// code and for the columns past the last strip. `stream`: the strips' rows go out with
+// streaming stores (out and ld aligned to whole lines; 1.3-1.9x faster out of cache on a
+// Zen 4, two threads).
 constexpr int kMaxTileCols = 512;
 
 template <class S, class F, class Out>
 inline void col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld, int rows,
-                     int64_t c0, int64_t c1, typename Out::T* out) {
+                     int64_t c0, int64_t c1, typename Out::T* out, bool stream) {
   constexpr int W = S::kCols;
   const int strips = int((c1 - c0) / W);
   typename S::Vec e7[kMaxTileCols / W];
@@ -284,23 +287,28 @@ inline void col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld, int
         if (S::template special<F>(codes[0])) scalar[j / 32] |= 1u << (j % 32);
       }
       for (int k = 0; k < F::group_codes && g * F::group_codes + k < rows; ++k) {
-        S::template decode_store<F, Out>(codes[k], e7[j], out + (g * F::group_codes + k) * ld + c);
+        S::template decode_store<F, Out>(codes[k], e7[j], out + (g * F::group_codes + k) * ld + c,
+                                         stream);
       }
     }
   }
+  const int64_t done = c0 + int64_t(W) * strips;
+  bool rewrites = done < c1;  // the scalar path below may rewrite streamed lines
+  for (uint32_t s : scalar) rewrites |= s != 0;
+  if (stream && rewrites) stream_fence();
   for (int j = 0; j < strips; ++j) {
     if ((scalar[j / 32] >> (j % 32)) & 1) {
       dequantize_cols<F, Out>(data, scales, ld, rows, c0 + W * j, c0 + W * (j + 1), out);
     }
   }
-  const int64_t done = c0 + int64_t(W) * strips;
   if (done < c1) dequantize_cols<F, Out>(data, scales, ld, rows, done, c1, out);
 }
 
 template <class F, class Out>
 inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
-                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
-  col_tile<ColStrip256, F, Out>(data, scales, ld, rows, c0, c1, out);
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out,
+                                bool stream) {
+  col_tile<ColStrip256, F, Out>(data, scales, ld, rows, c0, c1, out, stream);
 }
 
 // Dequantizes rowwise blocks [b0, b1) of a row of n outputs (bf16 / f32 bits) at out: the

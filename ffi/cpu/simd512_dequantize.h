@@ -172,15 +172,16 @@ struct ColStrip512 {
     return _mm512_cmpgt_epu16_mask(_mm512_and_si512(c, set16(F::mag_mask)), set16(F::max_code));
   }
   template <class F, class Out>
-  static void decode_store(Vec c, Vec e7, typename Out::T* out) {
-    store32<Out>(decode32<F>(c, e7), out, false);
+  static void decode_store(Vec c, Vec e7, typename Out::T* out, bool stream) {
+    store32<Out>(decode32<F>(c, e7), out, stream);
   }
 };
 
 template <class F, class Out>
 inline void dequantize_col_tile(const uint8_t* data, const uint8_t* scales, int64_t ld,
-                                int rows, int64_t c0, int64_t c1, typename Out::T* out) {
-  simd256::col_tile<ColStrip512, F, Out>(data, scales, ld, rows, c0, c1, out);
+                                int rows, int64_t c0, int64_t c1, typename Out::T* out,
+                                bool stream) {
+  simd256::col_tile<ColStrip512, F, Out>(data, scales, ld, rows, c0, c1, out, stream);
 }
 
 }  // namespace simd512
