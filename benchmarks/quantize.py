@@ -21,7 +21,9 @@ quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an elementwise op tha
 and writes every byte once (flipping the bf16 sign bits as uint16; XLA's CPU elementwise
 ops run on one thread, no bandwidth reference). The 2x / row line also prints the ratio
 of the bytes each moves: the time ratio of two kernels at the same bandwidth (1.34 for
-FP8: a second output of 1 + 1/32 bytes per element on 3.03).
+FP8: a second output of 1 + 1/32 bytes per element on 3.03). fake_quantize (rowwise, bf16
+to bf16, one pass) prints its roofline fraction (4 bytes per element) and its time over
+that of quantize + dequantize.
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -47,7 +49,7 @@ from roofline import parallel_copy, quantize_bytes  # noqa: E402
 from timing import interleaved_medians, interleaved_times  # noqa: E402
 
 from mxjax import _ffi, formats, reference, xla_codec  # noqa: E402
-from mxjax.quantize import dequantize, quantize, quantize_2x  # noqa: E402
+from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
 
 
 def jnp_quantize(x, fmt: str, axis: int, block_size: int = 32):
@@ -81,13 +83,14 @@ def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
   row, both = jax.jit(lambda x: quantize(x, fmt)), jax.jit(lambda x: quantize_2x(x, fmt))
   col = jax.jit(lambda x: quantize(x, fmt, axis=-2))
   deq = jax.jit(lambda q: dequantize(q, jnp.bfloat16))
+  fake = jax.jit(lambda x: fake_quantize(x, fmt))
   if jax.devices()[0].platform == "cpu":
     copy, copy_bytes = parallel_copy()
   else:  # an elementwise op that reads and writes every input byte once
     flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000)
     copy, copy_bytes = functools.partial(flip, x), 4 * x.size
   kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_col": lambda: col(x),
-             "kernel_2x": lambda: both(x), "deq": lambda: deq(q)}
+             "kernel_2x": lambda: both(x), "deq": lambda: deq(q), "fake": lambda: fake(x)}
   baselines = {
       "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
       "jnp_col": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-2)),
@@ -113,11 +116,15 @@ def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int) -> None:
   moved = {"kernel_row": quantize_bytes(n, shape[-1], bits),
            "kernel_col": quantize_bytes(n, shape[-2], bits),
            "kernel_2x": quantize_bytes(n, shape[-1], bits, outputs=2),
-           "deq": quantize_bytes(n, shape[-1], bits)}
+           "deq": quantize_bytes(n, shape[-1], bits),
+           "fake": 4 * n}  # bf16 in, bf16 out
   fraction = {name: ratio(t["copy"], t[name], b / copy_bytes) for name, b in moved.items()}
   print(f"{fmt:7} roofline (copy {copy_bytes / min(t['copy']) / 1e9:.1f} GB/s, "
         f"{moved['kernel_row'] / n:.2f} B/elem): rowwise {fraction['kernel_row']}, "
         f"columnwise {fraction['kernel_col']}, 2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}")
+  two_passes = [a + b for a, b in zip(t["kernel_row"], t["deq"])]
+  print(f"{fmt:7} fake_quantize {min(t['fake']) * 1e3:.2f} ms = {fraction['fake']} of the "
+        f"roofline; its time / (quantize + dequantize) {ratio(t['fake'], two_passes)}")
 
 
 def bench_xla_path(fmts, shape, reps: int):

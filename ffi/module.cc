@@ -27,6 +27,7 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_quantize"] = capsule(MxjaxQuantizeCpu);
     d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCpu);
     d["mxjax_dequantize"] = capsule(MxjaxDequantizeCpu);
+    d["mxjax_fake_quantize"] = capsule(MxjaxFakeQuantizeCpu);
     return d;
   }, "{target name: capsule} of the CPU (platform \"cpu\") handlers.");
 

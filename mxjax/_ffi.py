@@ -1,7 +1,8 @@
 """Loads the compiled extension `mxjax._mxjax_ffi` and registers its XLA FFI targets.
 
 Targets (see the team contract): `mxjax_quantize`, `mxjax_quantize_2x`, `mxjax_dequantize`,
-for platform "cpu" and, when built with CUDA, "CUDA" under the same names. Registering a
+for platform "cpu" and, when built with CUDA, "CUDA" under the same names;
+`mxjax_fake_quantize` (quantize then dequantize in one pass) for "cpu" only. Registering a
 target does not make the ops use it: `mxjax.backend` decides per platform.
 """
 

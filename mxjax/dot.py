@@ -11,7 +11,9 @@ is only a reshape), so blocks always run along the flattened axis each product c
 
 `q(x, A)` quantizes along A; both quantizations of an operand come from its
 high-precision value in one pass (`quantize_2x`), and the forward keeps only the
-quantized copies the backward needs. The quantizers are straight-through: the gradient
+quantized copies the backward needs; a forward with no backward (inference) quantizes
+and dequantizes each array operand in one pass (`fake_quantize`: the MX values stay in
+cache). The quantizers are straight-through: the gradient
 of `q` is taken as the identity, so `dlhs = g . q(rhs)` and `drhs = q(lhs)^T . g` up to
 the quantization of `g` and of the saved operands.
 
@@ -40,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from mxjax import contraction, formats, sharding
 from mxjax._operand_dtype import cpu_operand_dtype
 from mxjax.mxarray import MXArray
-from mxjax.quantize import quantize, quantize_2x
+from mxjax.quantize import fake_quantize, quantize_2x
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
@@ -204,11 +206,30 @@ def _canonical_operands(config: _DotConfig, lhs, rhs):
   return tuple(moved)
 
 
+@dataclasses.dataclass(frozen=True)
+class _QuantizedOnUse:
+  """An array operand of a product without backward, quantized along its contraction only
+  as it is dequantized for the product: one `fake_quantize` pass, whose values equal
+  `quantize(...).dequantize(dtype)` bit for bit (the MX values never reach memory)."""
+  x: jax.Array
+  axis: int
+  config: _DotConfig
+
+  @property
+  def ndim(self) -> int:
+    return self.x.ndim
+
+  def dequantize(self, dtype) -> jax.Array:
+    return fake_quantize(self.x, self.config.fwd_format, axis=self.axis,
+                         block_size=self.config.block_size,
+                         scale_mode=self.config.scale_mode, dtype=dtype)
+
+
 def _prepare(x, layout: contraction.Layout, config: _DotConfig, name: str,
              for_backward: bool):
   """(quantized along K, quantized along F or dequantizable stand-in) in canonical form,
   from x in canonical form (an array) or as given (MXArrays); without `for_backward`
-  (inference) only the first is made and the second is None."""
+  (inference) the first is a `_QuantizedOnUse` for arrays and the second is None."""
   if isinstance(x, tuple):
     return (_canonical_mx(x[0], layout, "contract", name),
             _canonical_mx(x[1], layout, "free", name))
@@ -216,17 +237,17 @@ def _prepare(x, layout: contraction.Layout, config: _DotConfig, name: str,
     along_k = _canonical_mx(x, layout, "contract", name)
     return along_k, along_k  # the backward uses its exact values, never re-quantized
   if not for_backward:
-    return quantize(x, config.fwd_format, axis=layout.contract_axis,
-                    block_size=config.block_size, scale_mode=config.scale_mode), None
+    return _QuantizedOnUse(x, layout.contract_axis, config), None
   return quantize_2x(x, config.fwd_format,
                      axes=(layout.contract_axis, layout.free_axis),
                      block_size=config.block_size, scale_mode=config.scale_mode)
 
 
-def _product(a: MXArray, b: MXArray, contract: tuple[int, int], out_sharding=None) -> jax.Array:
-  """Exact product of two canonical MXArrays `[*B, X, Y]`, contracting the last-two-dims
-  position `contract` (0 or 1) of each, f32-accumulated; sharded as `out_sharding`
-  (Explicit axes) where given. -> `[*B, a's other dim, b's other dim]`.
+def _product(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
+  """Exact product of two canonical MXArrays (or `_QuantizedOnUse`s) `[*B, X, Y]`,
+  contracting the last-two-dims position `contract` (0 or 1) of each, f32-accumulated;
+  sharded as `out_sharding` (Explicit axes) where given. -> `[*B, a's other dim, b's other
+  dim]`.
 
   Both operands are dequantized (exactly) to the dtype the platform's GEMM is faster at:
   bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster.

@@ -1,4 +1,5 @@
-"""MX quantize / dequantize: JAX ops lowered per platform to the FFI kernels or plain XLA.
+"""MX quantize / dequantize / fake_quantize: JAX ops lowered per platform to the FFI kernels
+or plain XLA.
 
 Each op's call is a `jax.ffi.ffi_call` (CPU kernels in C++, CUDA kernels under the same
 target names) on the platforms that use the kernels (`mxjax.backend`) and the plain-XLA
@@ -66,16 +67,18 @@ def _attrs(fmt, block_size, mode):
               block_size=np.int64(block_size))
 
 
-def _per_platform(ffi_fn, xla_fn, *args):
-  """`ffi_fn(*args)` lowered for the platforms that use the FFI kernels, `xla_fn(*args)`
-  for every other platform (none other under MXJAX_KERNELS=ffi)."""
+def _per_platform(ffi_fn, xla_fn, *args, cpu_fn=None):
+  """`ffi_fn(*args)` lowered for the platforms that use the FFI kernels (`cpu_fn(*args)`
+  instead on "cpu" where given: a CPU-only target), `xla_fn(*args)` for every other
+  platform (none other under MXJAX_KERNELS=ffi)."""
   platforms = backend.ffi_platforms()
   if not platforms:
     return xla_fn(*args)
   _ffi.load()
   default = None if backend.get_kernels() == "ffi" else xla_fn
-  return jax.lax.platform_dependent(*args, default=default,
-                                    **{p: _varying_like(ffi_fn, args) for p in platforms})
+  kernel_fn = lambda p: cpu_fn if p == "cpu" and cpu_fn else ffi_fn  # noqa: E731
+  return jax.lax.platform_dependent(
+      *args, default=default, **{p: _varying_like(kernel_fn(p), args) for p in platforms})
 
 
 def _varying_like(ffi_fn, args):
@@ -91,8 +94,22 @@ def _varying_like(ffi_fn, args):
   return fn
 
 
+def _quantize_call(x, fmt, block_size: int, mode, axis: int):
+  """The mxjax_quantize kernel: x -> (data, scales) along `axis`."""
+  return jax.ffi.ffi_call("mxjax_quantize", _quantized_types(x, fmt, block_size, axis))(
+      x, axis=np.int64(axis), **_attrs(fmt, block_size, mode))
+
+
+def _dequantize_call(data, scales, fmt, block_size: int, axis: int, length: int, dtype):
+  """The mxjax_dequantize kernel: (data, scales) -> x[..., length, ...] of `dtype`."""
+  out = jax.ShapeDtypeStruct(_blocked_shape(scales.shape, axis, length), dtype)
+  return jax.ffi.ffi_call("mxjax_dequantize", out)(
+      data, scales, format=np.int32(fmt.ffi_id), block_size=np.int64(block_size),
+      axis=np.int64(axis))
+
+
 # ---------------------------------------------------------------------------------------
-# The three kernel calls, each with its batching rule. Static arguments select a cached
+# The kernel calls, each with its batching rule. Static arguments select a cached
 # op, so vmap's rule can ask for the same op one axis further in. Each op is jitted: an
 # eager call then reuses the compiled program (tracing the stack below costs ~30 ms a call),
 # and inside another jit it is inlined.
@@ -102,12 +119,9 @@ def _varying_like(ffi_fn, args):
 def _quantize_op(fmt, block_size: int, mode, axis: int):
   """(x[..., n, ...]) -> (data, scales) along `axis`."""
 
-  def ffi(x):
-    return jax.ffi.ffi_call("mxjax_quantize", _quantized_types(x, fmt, block_size, axis))(
-        x, axis=np.int64(axis), **_attrs(fmt, block_size, mode))
-
   def call(x):
-    return _per_platform(ffi, lambda x: xla_codec.quantize(x, fmt, block_size, mode, axis), x)
+    return _per_platform(lambda x: _quantize_call(x, fmt, block_size, mode, axis),
+                         lambda x: xla_codec.quantize(x, fmt, block_size, mode, axis), x)
 
   partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size))
 
@@ -163,10 +177,7 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
     local_length = min(length, scales.shape[axis] * block_size)
 
     def ffi(data, scales):
-      out = jax.ShapeDtypeStruct(_blocked_shape(scales.shape, axis, local_length), dtype)
-      return jax.ffi.ffi_call("mxjax_dequantize", out)(
-          data, scales, format=np.int32(fmt.ffi_id), block_size=np.int64(block_size),
-          axis=np.int64(axis))
+      return _dequantize_call(data, scales, fmt, block_size, axis, local_length, dtype)
 
     def xla(data, scales):
       return xla_codec.dequantize(data, scales, fmt, block_size, axis, local_length, dtype)
@@ -174,7 +185,7 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
     return _per_platform(ffi, xla, data, scales)
 
   partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size),
-                                      dequantize=True)
+                                      kind="dequantize")
 
   @custom_vmap
   def op(data, scales):
@@ -185,6 +196,42 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
     data, scales = (a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
                     for a, b in zip((data, scales), in_batched))
     return _dequantize_op(fmt, block_size, axis + 1, length, dtype)(data, scales), True
+
+  return jax.jit(op)
+
+
+@functools.lru_cache(maxsize=None)
+def _fake_quantize_op(fmt, block_size: int, mode, axis: int, dtype):
+  """(x[..., n, ...]) -> dequantize(quantize(x along `axis`)) of `dtype`: one pass of the
+  fused kernel on the CPU (the MX values stay in cache), the quantize and dequantize
+  kernels one after the other on CUDA, plain XLA elsewhere."""
+
+  def fused(x):
+    return jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(x.shape, dtype))(
+        x, axis=np.int64(axis), **_attrs(fmt, block_size, mode))
+
+  def two_kernels(x):
+    data, scales = _quantize_call(x, fmt, block_size, mode, axis)
+    return _dequantize_call(data, scales, fmt, block_size, axis, x.shape[axis], dtype)
+
+  def xla(x):
+    data, scales = xla_codec.quantize(x, fmt, block_size, mode, axis)
+    return xla_codec.dequantize(data, scales, fmt, block_size, axis, x.shape[axis], dtype)
+
+  def call(x):
+    return _per_platform(two_kernels, xla, x, cpu_fn=fused)
+
+  partitioned = blockwise_partitioned(call, (axis,), block_size, _per_block(fmt, block_size),
+                                      kind="fake_quantize")
+
+  @custom_vmap
+  def op(x):
+    return partitioned(x)
+
+  @op.def_vmap
+  def _batched(axis_size, in_batched, x):
+    del axis_size, in_batched
+    return _fake_quantize_op(fmt, block_size, mode, axis + 1, dtype)(x), True
 
   return jax.jit(op)
 
@@ -289,29 +336,47 @@ def _check_storage(a: MXArray) -> None:
 
 
 def fake_quantize(x, format="e4m3", *, axis: int = -1,
-                  block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil") -> jax.Array:
-  """Quantize-dequantize in x's dtype, with a straight-through gradient (for QAT).
+                  block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil",
+                  dtype=None) -> jax.Array:
+  """Quantize-dequantize, with a straight-through gradient (for QAT).
 
-  The forward value is `dequantize(quantize(x, ...), x.dtype)`; the gradient passes
-  unchanged, as if the op were the identity.
+  The forward value is `dequantize(quantize(x, ...), dtype)` bit for bit; on the CPU one
+  kernel pass makes it (the MX values never reach memory). The gradient passes unchanged
+  (in x's dtype), as if the op were the identity.
+
+  Args:
+    x, format, axis, block_size, scale_mode: as in `quantize`.
+    dtype: the result's dtype, bfloat16, float16 or float32; default x's.
+
+  Returns:
+    An array of x's shape and `dtype`.
   """
   x = _check_input(x, "fake_quantize")
-  return _fake_quantize(x, format, axis, block_size, scale_mode)
+  fmt = formats.element_format(format)
+  block_size = formats.check_block_size(block_size, fmt)
+  mode = formats.scale_mode(scale_mode)
+  axis = _normalize_axis(axis, x.ndim)
+  dtype = jnp.dtype(x.dtype if dtype is None else dtype)
+  if dtype not in formats.HIGH_PRECISION_DTYPES:
+    raise TypeError(f"fake_quantize produces bfloat16, float16 or float32, not {dtype.name}")
+  return _fake_quantize(x, _fake_quantize_op(fmt, block_size, mode, axis, dtype),
+                        jnp.dtype(x.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def _fake_quantize(x, format, axis, block_size, scale_mode):
-  return quantize(x, format, axis=axis, block_size=block_size,
-                  scale_mode=scale_mode).dequantize(x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _fake_quantize(x, op, x_dtype):
+  del x_dtype
+  return op(x)
 
 
-def _fake_quantize_fwd(x, format, axis, block_size, scale_mode):
-  return _fake_quantize(x, format, axis, block_size, scale_mode), None
+def _fake_quantize_fwd(x, op, x_dtype):
+  del x_dtype
+  return op(x), None
 
 
-def _fake_quantize_bwd(format, axis, block_size, scale_mode, _, g):
-  del format, axis, block_size, scale_mode
-  return (g,)
+def _fake_quantize_bwd(op, x_dtype, _, g):
+  del op
+  return (g.astype(x_dtype),)
 
 
 _fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)

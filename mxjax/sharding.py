@@ -33,25 +33,33 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 
+#: What a blockwise call maps: x to (data, scales) pairs, a pair to x, or x to x.
+CALL_KINDS = ("quantize", "dequantize", "fake_quantize")
+
+
 def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_size: int,
-                          storage_per_block: int, dequantize: bool = False) -> Callable:
+                          storage_per_block: int, kind: str = "quantize") -> Callable:
   """Wraps a blockwise kernel call with its sharding rules (Auto and Explicit axes).
 
   Args:
-    call: quantize: `x -> (data, scales) per blocked axis`; dequantize:
-      `(data, scales) -> x`. It must derive every shape from its arguments, since under
-      sharding it runs on each device's shard.
+    call: by `kind`: quantize `x -> (data, scales) per blocked axis`; dequantize
+      `(data, scales) -> x`; fake_quantize `x -> x` (quantized and dequantized). It must
+      derive every shape from its arguments, since under sharding it runs on each
+      device's shard.
     blocked_axes: the quantized axis of each (data, scales) pair, counted from the end
       (quantize_2x has two).
     block_size: elements per scale, B.
     storage_per_block: data entries per block (B for FP8, 3B/4 for FP6, B/2 for FP4).
-    dequantize: whether `call` is the inverse op (operands data, scales; result x).
+    kind: one of CALL_KINDS.
   """
+  if kind not in CALL_KINDS:
+    raise ValueError(f"blockwise_partitioned: kind must be one of {CALL_KINDS}, got {kind!r}")
+  dequantize = kind != "quantize"  # the result is x-shaped
   op = custom_partitioning(call)
   op.def_partition(
       partition=_partition(call, blocked_axes, block_size, dequantize),
       decode_shardings=False,
-      sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, dequantize))
+      sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, kind))
 
   def run(*args):
     spec = typed_spec(args[0])
@@ -219,12 +227,12 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
 # Auto axes: a Shardy rule and the partition callback.
 
 
-def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
+def _rule_factory(blocked_axes, block_size, storage_per_block, kind):
   """A Shardy rule, built per call from the operand shapes."""
 
   def rule(mesh, operand_types, result_types):
     del mesh
-    full = (result_types[0] if dequantize else operand_types[0]).shape
+    full = (result_types[0] if kind == "dequantize" else operand_types[0]).shape
     rank = len(full)
     axes = [a % rank for a in blocked_axes]
     dims = [f"d{i}" for i in range(rank)]
@@ -236,6 +244,8 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
         dims[a] = f"(k{j} b{j})"
         data_dim, scale_dim = f"(k{j} p{j})", f"k{j}"
         sizes[f"b{j}"], sizes[f"p{j}"] = block_size, storage_per_block
+        if kind == "fake_quantize":  # no scale dim names k alone: its size is not inferred
+          sizes[f"k{j}"] = n // block_size
         replicated += [f"b{j}", f"p{j}"]  # a shard never splits a block
       else:  # not several whole blocks: three unrelated factors, all replicated
         dims[a] = f"n{j}"
@@ -247,7 +257,12 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, dequantize):
       for dim in (data_dim, scale_dim):
         quantized.append(" ".join(dim if i == a else dims[i] for i in range(rank)))
     x = " ".join(dims)
-    text = (f"{', '.join(quantized)} -> {x}" if dequantize else f"{x} -> {', '.join(quantized)}")
+    text = {"quantize": f"{x} -> {', '.join(quantized)}",
+            "dequantize": f"{', '.join(quantized)} -> {x}",
+            "fake_quantize": f"{x} -> {x}"}[kind]
+    named = set(re.findall(r"\w+", text))  # fake_quantize names no data or scale factor
+    replicated = [f for f in replicated if f in named]
+    sizes = {f: size for f, size in sizes.items() if f in named}
     return text, dict(need_replication_factors=in_rule_order(replicated, text), **sizes)
 
   return rule

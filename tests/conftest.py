@@ -36,6 +36,31 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
+def _kernel_levels() -> tuple[str | None, ...]:
+  """The CPU kernel levels to run the exactness tests at: every one this build and CPU run
+  where the ops use the CPU kernels; (None,) (the level does not matter) where they use
+  plain XLA."""
+  from mxjax import _ffi, backend  # noqa: PLC0415  (jax after XLA_FLAGS above)
+  if "cpu" not in backend.built_platforms() or "cpu" not in backend.ffi_platforms():
+    return (None,)
+  return _ffi.runnable_simd()
+
+
+@pytest.fixture(scope="module", params=_kernel_levels())
+def simd_level(request):
+  """Runs each test of a module that uses it at each level (mxjax._ffi.set_simd), in this
+  process: the programs compiled at the first level serve the others, whose runs differ in
+  the kernels."""
+  if request.param is None:
+    yield None
+    return
+  from mxjax import _ffi  # noqa: PLC0415
+  before = _ffi.build_info()["simd"]
+  _ffi.set_simd(request.param)
+  yield request.param
+  _ffi.set_simd(before)
+
+
 def bits_of(a) -> np.ndarray:
   """The bit patterns of a numpy / jax float array as unsigned ints of the same width."""
   a = np.asarray(a)
@@ -204,3 +229,26 @@ def every_code_under_every_scale(fmt: str, block_size: int = 32):
                           1)
   scales = jnp.asarray(scale_bytes).view(jnp.float8_e8m0fnu)
   return codes, scales, reference.pack_codes(codes, fmt)
+
+
+def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+  """bf16 [rows, cols] whose 32-blocks mix the kinds a vector path must get right: normal
+  data at block exponents from 2^-140 to 2^120, runs of all the bf16 bit patterns (NaN,
+  Inf, subnormals), zero and signed-zero blocks and subnormal-only blocks; `cols` need not
+  be a multiple of 32. Rows this wide fill the kernels' 16-block SIMD groups."""
+  rng = np.random.default_rng(seed)
+  whole = cols - cols % 32
+  blocks = (rng.standard_normal((rows * whole // 32, 32)) *
+            np.exp2(rng.integers(-140, 120, size=(rows * whole // 32, 1)))).astype(np.float32)
+  bits = blocks.astype(ml_dtypes.bfloat16).view(np.uint16)
+  kind = rng.random(len(bits))
+  patterns = rng.permutation(np.arange(65536, dtype=np.uint16))
+  exhaustive = np.flatnonzero(kind < 0.2)[:2048]
+  bits[exhaustive] = patterns[:32 * len(exhaustive)].reshape(-1, 32)
+  bits[(kind >= 0.2) & (kind < 0.25)] = 0
+  signed_zero = (kind >= 0.25) & (kind < 0.3)
+  bits[signed_zero] = np.where(rng.random((signed_zero.sum(), 32)) < 0.5, 0x8000, 0)
+  tiny = (kind >= 0.3) & (kind < 0.35)
+  bits[tiny] = rng.integers(0, 0x80, (tiny.sum(), 32)) | (rng.integers(0, 2, (tiny.sum(), 32)) << 15)
+  x = bits.reshape(rows, whole).view(ml_dtypes.bfloat16)
+  return np.concatenate([x, x[:, :cols % 32]], axis=1)

@@ -68,7 +68,8 @@ def main(path: str):
         fn = jax.jit(lambda v, fmt=fmt, mode=mode: surface(v, fmt, mode))
         hlo = fn.lower(x).compile().as_text()
         custom_calls += sum(hlo.count(f'custom_call_target="{t}"') for t in
-                            ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"))
+                            ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize",
+                             "mxjax_fake_quantize"))
         for key, value in fn(x).items():
           results[f"{name}.{fmt}.{mode}.{key}"] = np.asarray(value).view(np.uint8)
   np.savez(path, custom_calls=np.int64(custom_calls), **results)

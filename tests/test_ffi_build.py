@@ -10,13 +10,14 @@ import pytest
 
 from mxjax import _ffi
 
-TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}
+TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}  # CPU and CUDA
+CPU_ONLY_TARGETS = {"mxjax_fake_quantize"}
 
 
 def test_extension_loads_and_registers():
   from mxjax import _mxjax_ffi
   regs = _mxjax_ffi.registrations()
-  assert set(regs) == TARGETS
+  assert set(regs) == TARGETS | CPU_ONLY_TARGETS
   assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
   cuda = set(_mxjax_ffi.cuda_registrations())
   assert not cuda or TARGETS <= cuda  # empty unless built with CUDA
@@ -96,6 +97,22 @@ def test_quantize_2x_needs_rank_2():
   with pytest.raises(Exception, match="rank"):
     jax.block_until_ready(jax.jit(lambda x: call(
         x, format=np.int32(0), scale_mode=np.int32(0), block_size=np.int64(32)))(x))
+
+
+@pytest.mark.parametrize("x_dtype, out_shape, out_dtype, axis, message", [
+    (jnp.int32, (2, 64), jnp.float32, 1, "needs a bf16, f16 or f32 input"),
+    (jnp.bfloat16, (2, 64), jnp.int32, 1, "produces bf16, f16 or f32"),
+    (jnp.bfloat16, (2, 64), jnp.float32, 2, "axis 2 out of range"),
+    (jnp.bfloat16, (2, 32), jnp.float32, 1, "out has the wrong shape"),
+])
+def test_fake_quantize_bad_buffers_raise(x_dtype, out_shape, out_dtype, axis, message):
+  _ffi.load()
+  x = jnp.ones((2, 64), x_dtype)
+  call = jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(out_shape, out_dtype))
+  with pytest.raises(Exception, match=message):
+    jax.block_until_ready(jax.jit(lambda x: call(
+        x, format=np.int32(0), scale_mode=np.int32(0), block_size=np.int64(32),
+        axis=np.int64(axis)))(x))
 
 
 def test_backend_info_reports_the_cpu_path():

@@ -19,7 +19,7 @@ from mxjax import _ffi, backend
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SIMD_LEVELS = backend.SIMD_LEVELS
-MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize")
+MXJAX_TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize", "mxjax_fake_quantize")
 
 
 def _run_together(runs, timeout: int) -> list[subprocess.CompletedProcess]:

@@ -3,7 +3,7 @@
 Data and scales are compared as uint8 bit patterns; dequantized values bit for bit with NaN
 positions equal. Exhaustive cases (all 65,536 bf16 / f16 bit patterns, special blocks) go
 through one call per format x scale mode x dtype; hypothesis covers shapes and axes. Every
-test runs at each CPU kernel level this machine runs (the `simd_level` fixture).
+test runs at each CPU kernel level this machine runs (conftest's `simd_level` fixture).
 """
 
 from __future__ import annotations
@@ -19,31 +19,13 @@ from hypothesis import given, strategies as st
 
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
                       all_f16_patterns, assert_same_floats, bits_of, every_code_under_every_scale,
-                      f32_patterns, float_arrays, shapes_and_axes, special_blocks)
-from mxjax import _ffi, backend, formats, reference
+                      f32_patterns, float_arrays, shapes_and_axes, special_blocks,
+                      wide_mixed_blocks)
+from mxjax import formats, reference
 from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, quantize, quantize_2x
 
-
-def _kernel_levels() -> tuple[str | None, ...]:
-  """The CPU kernel levels to run this file at: every one this build and CPU run where the
-  ops use the CPU kernels; (None,) (the level does not matter) where they use plain XLA."""
-  if "cpu" not in backend.built_platforms() or "cpu" not in backend.ffi_platforms():
-    return (None,)
-  return _ffi.runnable_simd()
-
-
-@pytest.fixture(scope="module", autouse=True, params=_kernel_levels())
-def simd_level(request):
-  """Every test of this file runs at each level (mxjax._ffi.set_simd), in this process: the
-  programs compiled at the first level serve the others, whose runs differ in the kernels."""
-  if request.param is None:
-    yield None
-    return
-  before = _ffi.build_info()["simd"]
-  _ffi.set_simd(request.param)
-  yield request.param
-  _ffi.set_simd(before)
+pytestmark = pytest.mark.usefixtures("simd_level")
 
 
 def u8(a) -> np.ndarray:
@@ -244,29 +226,6 @@ def test_packed_storage_sizes(fmt, bytes_per_element, block_size):
     assert a.scales.shape == (2, math.ceil(n / block_size))
     assert a.shape == (2, n)
     np.testing.assert_array_equal(np.asarray(a.dequantize()), np.ones((2, n), np.float32))
-
-
-def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
-  """bf16 [rows, cols] whose 32-blocks mix the kinds a vector path must get right: normal
-  data at block exponents from 2^-140 to 2^120, runs of all the bf16 bit patterns (NaN,
-  Inf, subnormals), zero and signed-zero blocks and subnormal-only blocks; `cols` need not
-  be a multiple of 32. Rows this wide fill the kernels' 16-block SIMD groups."""
-  rng = np.random.default_rng(seed)
-  whole = cols - cols % 32
-  blocks = (rng.standard_normal((rows * whole // 32, 32)) *
-            np.exp2(rng.integers(-140, 120, size=(rows * whole // 32, 1)))).astype(np.float32)
-  bits = blocks.astype(ml_dtypes.bfloat16).view(np.uint16)
-  kind = rng.random(len(bits))
-  patterns = rng.permutation(np.arange(65536, dtype=np.uint16))
-  exhaustive = np.flatnonzero(kind < 0.2)[:2048]
-  bits[exhaustive] = patterns[:32 * len(exhaustive)].reshape(-1, 32)
-  bits[(kind >= 0.2) & (kind < 0.25)] = 0
-  signed_zero = (kind >= 0.25) & (kind < 0.3)
-  bits[signed_zero] = np.where(rng.random((signed_zero.sum(), 32)) < 0.5, 0x8000, 0)
-  tiny = (kind >= 0.3) & (kind < 0.35)
-  bits[tiny] = rng.integers(0, 0x80, (tiny.sum(), 32)) | (rng.integers(0, 2, (tiny.sum(), 32)) << 15)
-  x = bits.reshape(rows, whole).view(ml_dtypes.bfloat16)
-  return np.concatenate([x, x[:, :cols % 32]], axis=1)
 
 
 @pytest.mark.parametrize("shape", [(64, 1024), (40, 2087), (33, 544)])

@@ -64,6 +64,14 @@ def test_sharded_quantize_is_shard_local_and_bit_identical(mesh, spec, fmt):
                                 np.asarray(expected.dequantize(jnp.bfloat16), np.float32))
   assert same_sharding(out, mesh, spec)
   assert not COLLECTIVE.search(hlo(d, got))
+  # fake_quantize along either axis: the input's sharding, shard-local, the same bits.
+  for axis in (-1, 0):
+    fq = jax.jit(lambda x, axis=axis: mxjax.fake_quantize(x, fmt, axis=axis))
+    out = fq(xs)
+    want = mxjax.quantize(x, fmt, axis=axis).dequantize(jnp.bfloat16)
+    np.testing.assert_array_equal(bits(out), bits(want))
+    assert same_sharding(out, mesh, spec)
+    assert not COLLECTIVE.search(hlo(fq, xs))
 
 
 def test_shards_that_cut_blocks_are_gathered_not_wrong(mesh):
@@ -81,6 +89,10 @@ def test_shards_that_cut_blocks_are_gathered_not_wrong(mesh):
   expected = mxjax.quantize(y, "e2m1")
   np.testing.assert_array_equal(bits(got.data), bits(expected.data))
   np.testing.assert_array_equal(bits(got.scales), bits(expected.scales))
+  for v, vs in ((x, xs), (y, ys)):  # fake_quantize gathers such an axis the same way
+    got = jax.jit(lambda v: mxjax.fake_quantize(v, "e2m1"))(vs)
+    want = mxjax.quantize(v, "e2m1").dequantize(jnp.float32)
+    np.testing.assert_array_equal(bits(got), bits(want))
 
 
 def test_fewer_blocks_than_shards_are_gathered_not_an_error():

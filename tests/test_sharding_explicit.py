@@ -50,7 +50,8 @@ def test_explicit_quantize_ops_carry_the_input_sharding_in_their_types(spec, fmt
     xs = put(x, mesh, spec)
     ops = {"quantize": lambda x: mxjax.quantize(x, fmt),
            "quantize_2x": lambda x: mxjax.quantize_2x(x, fmt),
-           "roundtrip": lambda x: mxjax.quantize(x, fmt).dequantize(jnp.bfloat16)}
+           "roundtrip": lambda x: mxjax.quantize(x, fmt).dequantize(jnp.bfloat16),
+           "fake_quantize": lambda x: mxjax.fake_quantize(x, fmt, axis=0)}
     for name, f in ops.items():
       typed = jax.eval_shape(jax.jit(f), xs)  # the sharding is in the result types
       got = jax.jit(f)(xs)
@@ -60,10 +61,12 @@ def test_explicit_quantize_ops_carry_the_input_sharding_in_their_types(spec, fmt
       assert compiled_collectives(f, xs) == [], name
     rows, cols = jax.jit(ops["quantize_2x"])(xs)
     roundtrip = jax.jit(ops["roundtrip"])(xs)
+    fake = jax.jit(ops["fake_quantize"])(xs)
   for a, b in ((rows, want_rows), (cols, want_cols)):
     np.testing.assert_array_equal(bits(a.data), bits(b.data))
     np.testing.assert_array_equal(bits(a.scales), bits(b.scales))
   np.testing.assert_array_equal(bits(roundtrip), bits(want_rows.dequantize(jnp.bfloat16)))
+  np.testing.assert_array_equal(bits(fake), bits(want_cols.dequantize(jnp.bfloat16)))
 
 
 @pytest.mark.parametrize("kind", KINDS)

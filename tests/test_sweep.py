@@ -100,14 +100,24 @@ def test_every_linear_layer_is_an_mxjax_module(tiny):
 
 def ffi_targets(closed_jaxpr) -> list[str]:
   """The target of every ffi_call in a jaxpr, sub-jaxprs included, once per use (the
-  printed jaxpr shows a sub-jaxpr used twice only once)."""
+  printed jaxpr shows a sub-jaxpr used twice only once); of a per-platform `cond`
+  (`lax.platform_dependent`) only the branch this backend runs."""
   found = []
+  here = jax.default_backend()
+
+  def params_walked(eqn):
+    platforms = eqn.params.get("branches_platforms")
+    if eqn.primitive.name != "cond" or not platforms:
+      return eqn.params.values()
+    runs = next((i for i, names in enumerate(platforms) if names and here in names),
+                platforms.index(None))
+    return [eqn.params["branches"][runs]]
 
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
       if eqn.primitive.name == "ffi_call":
         found.append(eqn.params["target_name"])
-      for param in eqn.params.values():
+      for param in params_walked(eqn):
         for sub in param if isinstance(param, (tuple, list)) else (param,):
           if isinstance(sub, jax_core.ClosedJaxpr):
             walk(sub.jaxpr)
@@ -127,9 +137,10 @@ def test_jaxpr_quantizes_every_gemm_under_autocast(tiny):
     quantized = ffi_targets(jax.make_jaxpr(fwd)(params))
     trained = ffi_targets(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(fwd(p))))(params))
   gemms = 4 * TINY.layers + 1
-  # Inference quantizes input and kernel rowwise; training makes both copies in one pass.
-  assert quantized.count("mxjax_quantize") >= 2 * gemms
-  assert "mxjax_quantize_2x" not in quantized
+  # Inference quantizes and dequantizes input and kernel in one pass each (fake_quantize);
+  # training makes both quantized copies in one pass.
+  assert quantized.count("mxjax_fake_quantize") >= 2 * gemms
+  assert "mxjax_quantize_2x" not in quantized and "mxjax_quantize" not in quantized
   assert trained.count("mxjax_quantize_2x") >= 2 * gemms
 
 
@@ -140,14 +151,14 @@ def test_jaxpr_quantizes_every_gemm_under_autocast(tiny):
     ("mlp_only", ["block_0/mlp/wi", "block_0/mlp/wo"])])
 def test_tier_reaches_the_gemms_its_rules_name(tiny, tier, reached):
   """A tier's rules pick the GEMMs the recipe quantizes (inference: input and kernel, one
-  quantize each) and the kernels a weight-only row quantizes."""
+  fused quantize-dequantize each) and the kernels a weight-only row quantizes."""
   lm, params = tiny
   tokens = jnp.zeros((2, 32), jnp.int32)
   rules = rules_lib.preset(tier, mxl.gemm_paths(lm, tokens))
   gemm = train.Treatment(MXFP8BlockScaling(), rules=rules)
   with gemm.context():
     targets = ffi_targets(jax.make_jaxpr(lambda p: lm.apply({"params": p}, tokens))(params))
-  assert targets.count("mxjax_quantize") == 2 * len(reached)
+  assert targets.count("mxjax_fake_quantize") == 2 * len(reached)
   weights = train.Treatment(weight_quantizer=jnp.zeros_like, rules=rules).weights(params)
   zeroed = [model_lib.layer_path(p) for p, w in model_lib.kernels(weights).items()
             if not np.any(w)]

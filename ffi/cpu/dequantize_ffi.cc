@@ -23,7 +23,8 @@ ffi::Future Dequantize(ffi::ThreadPool pool, ffi::AnyBuffer data, ffi::AnyBuffer
   FormatInfo info = *format_info(format);
   DequantizeProblem p{static_cast<const uint8_t*>(data.untyped_data()),
                       static_cast<const uint8_t*>(scales.untyped_data()),
-                      *dtype, format, block, 0, 0, 0, out->untyped_data()};
+                      *dtype, format, block, 0, 0, 0, out->untyped_data(),
+                      int64_t(out->size_bytes()) >= kStreamMinBytes};
   view3(dims, axis, p.outer, p.n, p.inner);
   if (ffi::Error e = check_buffer("data", data, info.storage, dims, axis, info.storage_length(p.n));
       !e.success()) {

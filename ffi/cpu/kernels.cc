@@ -4,6 +4,7 @@
 #include "kernels.h"
 
 #include <type_traits>
+#include <vector>
 
 #include "gcc_diagnostics.h"
 #include "mxjax/quantize.h"
@@ -25,9 +26,9 @@ namespace {
 using cpu::ceil_div;
 using cpu::kUnitCols;
 
-// Calls fn(F{}, In{}) with the element format and the high-precision type of the ids.
+// fn(F{}, In{}) with the element format and the high-precision type of the ids.
 template <class Fn>
-void dispatch(int32_t format, int32_t dtype, Fn&& fn) {
+decltype(auto) dispatch(int32_t format, int32_t dtype, Fn&& fn) {
   auto with_dtype = [&](auto f) {
     switch (dtype) {
       case cpu::kBF16: return fn(f, BF16{});
@@ -296,8 +297,10 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
   if (p.stream) stream_fence();
 }
 
-void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
-  dispatch(p.format, p.dtype, [&](auto f, auto out_type) {
+// Dequantizes units [begin, end) of p; returns whether it wrote with streaming stores (to
+// be fenced before anything reads them).
+bool dequantize_units(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
+  return dispatch(p.format, p.dtype, [&](auto f, auto out_type) -> bool {
     using F = decltype(f);
     using Out = decltype(out_type);
     using T = typename Out::T;
@@ -305,9 +308,9 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
     const int64_t nb = ceil_div(p.n, p.block);
     const int64_t storage = ceil_div(p.n, F::group_codes) * F::group_bytes;
     const int block = int(p.block);
-    // Outputs larger than the last-level cache: rows whose blocks are whole 64-byte lines
-    // (aligned) are written with streaming stores (stream.h).
-    const bool stream = p.outer * p.n * p.inner * int64_t(sizeof(T)) >= cpu::kStreamMinBytes;
+    // With p.stream, rows whose blocks are whole 64-byte lines (aligned) are written with
+    // streaming stores (stream.h).
+    const bool stream = p.stream;
     if (p.inner == 1) {
       for (int64_t u = begin; u < end;) {
         int64_t row = u / nb;
@@ -329,8 +332,7 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
         }
         u += b1 - u % nb;
       }
-      if (stream) stream_fence();
-      return;
+      return stream;
     }
     // Columnwise: the SIMD tiles stream whole lines where rows `inner` apart stay aligned.
     const bool stream_cols = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0 &&
@@ -353,8 +355,59 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
 #endif
       dequantize_cols<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);
     }
-    if (stream_cols) stream_fence();
+    return stream_cols;
   });
+}
+
+void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
+  if (dequantize_units(p, begin, end)) stream_fence();
+}
+
+// fake_quantize in runs of units: each run is quantized (quantize above, no streaming) into
+// a scratch buffer of this thread, then dequantized from there while it is in L1 / L2. A
+// rowwise run is at most kRowRun blocks of one row; a columnwise run the rest of a block row
+// within [begin, end), its data rows `inner` apart in the scratch as in the output. The
+// scratch stays for the next call up to kKeptScratch bytes (columns up to ~127k for FP8).
+void fake_quantize(const cpu::FakeQuantizeProblem& p, int64_t begin, int64_t end) {
+  constexpr int64_t kRowRun = 64;
+  constexpr size_t kKeptScratch = size_t{4} << 20;
+  const int64_t nb = ceil_div(p.n, p.block);
+  const int64_t bs = with_format(p.format, [&](auto f) {
+    return block_storage<decltype(f)>(p.block);
+  });
+  const int64_t xs = cpu::dtype_bytes(p.dtype), os = cpu::dtype_bytes(p.out_dtype);
+  const auto* x = static_cast<const uint8_t*>(p.x);
+  auto* out = static_cast<uint8_t*>(p.out);
+  const int64_t run_cols = p.inner == 1 ? kRowRun : p.inner;  // scales per run, at most
+  static thread_local std::vector<uint8_t> scratch;
+  if (int64_t(scratch.size()) < (bs + 1) * run_cols) scratch.resize((bs + 1) * run_cols);
+  uint8_t* data = scratch.data();
+  uint8_t* scales = data + bs * run_cols;
+  bool streamed = false;
+  for (int64_t u = begin; u < end;) {
+    int64_t first, n, inner, u0, u1;  // the run: units [u0, u1) of a [1, n, inner] problem
+    if (p.inner == 1) {
+      const int64_t row = u / nb, b0 = u % nb;
+      const int64_t b1 = min64(min64(nb, b0 + (end - u)), b0 + kRowRun);
+      first = row * p.n + b0 * p.block;
+      n = min64(b1 * p.block, p.n) - b0 * p.block, inner = 1, u0 = 0, u1 = b1 - b0;
+    } else {
+      const int64_t ncc = ceil_div(p.inner, kUnitCols);
+      const Tile t = tile_of(u, nb, p.inner);
+      first = (t.o * p.n + t.j * p.block) * p.inner;
+      n = min64(p.block, p.n - t.j * p.block), inner = p.inner;
+      u0 = u % ncc, u1 = min64(ncc, u0 + (end - u));
+    }
+    const cpu::QuantizeProblem q{x + first * xs, p.dtype, p.format, p.mode, p.block, 1, n,
+                                 inner, data, scales, false};
+    quantize(q, u0, u1);
+    const cpu::DequantizeProblem d{data, scales, p.out_dtype, p.format, p.block, 1, n, inner,
+                                   out + first * os, p.stream};
+    streamed |= dequantize_units(d, u0, u1);
+    u += u1 - u0;
+  }
+  if (streamed) stream_fence();
+  if (scratch.size() > kKeptScratch) std::vector<uint8_t>().swap(scratch);
 }
 
 }  // namespace
@@ -368,6 +421,6 @@ void dequantize(const cpu::DequantizeProblem& p, int64_t begin, int64_t end) {
 
 const mxjax::cpu::Kernels& mxjax::cpu::MXJAX_CAT(kernels_, MXJAX_ISA_NS)() {
   static const Kernels table = {MXJAX_STR(MXJAX_ISA_NS), &mxjax::quantize, &mxjax::quantize_2x,
-                                &mxjax::dequantize};
+                                &mxjax::dequantize, &mxjax::fake_quantize};
   return table;
 }

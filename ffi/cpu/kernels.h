@@ -9,6 +9,8 @@ namespace mxjax::cpu {
 
 enum DType : int32_t { kBF16 = 0, kF16 = 1, kF32 = 2 };
 
+inline int64_t dtype_bytes(int32_t dtype) { return dtype == kF32 ? 4 : 2; }
+
 // Columns of one work unit along a strided quantized axis (a multiple of every block).
 constexpr int64_t kUnitCols = 512;
 
@@ -50,6 +52,19 @@ struct DequantizeProblem {
   int32_t dtype, format;
   int64_t block, outer, n, inner;
   void* out;
+  bool stream;  // write out with streaming stores where whole aligned lines allow
+};
+
+// x viewed as [outer, n, inner] -> out (same shape, out_dtype): the values of
+// dequantize(quantize(x along n)) without the MX data reaching memory. Units as for
+// QuantizeProblem.
+struct FakeQuantizeProblem {
+  const void* x;
+  int32_t dtype, format, mode;
+  int64_t block, outer, n, inner;
+  void* out;
+  int32_t out_dtype;
+  bool stream;  // as in DequantizeProblem
 };
 
 inline int64_t units(int64_t block, int64_t outer, int64_t n, int64_t inner) {
@@ -58,6 +73,9 @@ inline int64_t units(int64_t block, int64_t outer, int64_t n, int64_t inner) {
 }
 inline int64_t units(const QuantizeProblem& p) { return units(p.block, p.outer, p.n, p.inner); }
 inline int64_t units(const DequantizeProblem& p) { return units(p.block, p.outer, p.n, p.inner); }
+inline int64_t units(const FakeQuantizeProblem& p) {
+  return units(p.block, p.outer, p.n, p.inner);
+}
 inline int64_t units(const Quantize2xProblem& p) {
   return p.batch * ceil_div(p.m, p.block) * ceil_div(p.k, kUnitCols);
 }
@@ -68,6 +86,7 @@ struct Kernels {
   void (*quantize)(const QuantizeProblem&, int64_t begin, int64_t end);
   void (*quantize_2x)(const Quantize2xProblem&, int64_t begin, int64_t end);
   void (*dequantize)(const DequantizeProblem&, int64_t begin, int64_t end);
+  void (*fake_quantize)(const FakeQuantizeProblem&, int64_t begin, int64_t end);
 };
 
 const Kernels& kernels_scalar();
