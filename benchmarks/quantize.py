@@ -12,18 +12,18 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
   python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
 
 The kernels are timed in turn with a copy in every repetition. Each ratio is printed two
-ways: "B (median M)", B from each side's fastest run, M the median over the repetitions
-of the ratio within each (a neighbour's load or the bandwidth's drift then moves both
-sides alike). On CPU the copy is a memcpy on every core (benchmarks/roofline.py): rowwise
-and columnwise quantize, quantize_2x and dequantize print their traffic (input + data + scales) per
-second as a fraction of the copy's (issue 13 goals: >= 0.8 for FP8 / FP4, >= 0.6 for FP6;
-quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an elementwise op that reads
-and writes every byte once (flipping the bf16 sign bits as uint16; XLA's CPU elementwise
-ops run on one thread, no bandwidth reference). The 2x / row line also prints the ratio
-of the bytes each moves: the time ratio of two kernels at the same bandwidth (1.34 for
-FP8: a second output of 1 + 1/32 bytes per element on 3.03). fake_quantize (rowwise, bf16
-to bf16, one pass) prints its roofline fraction (4 bytes per element) and its time over
-that of quantize + dequantize.
+ways: "B (median M)", B from each side's fastest run, M the median over the repetitions of
+the ratio within each (a neighbour's load or the bandwidth's drift then moves both sides
+alike). On CPU the copy is a memcpy on every core (benchmarks/roofline.py): rowwise and
+columnwise quantize, quantize_2x and rowwise and columnwise dequantize print their traffic
+(input + data + scales) per second as a fraction of the copy's (issue 13 goals: >= 0.8 for
+FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an
+elementwise op that reads and writes every byte once (flipping the bf16 sign bits as
+uint16; XLA's CPU elementwise ops run on one thread, no bandwidth reference). The 2x / row
+line also prints the ratio of the bytes each moves: the time ratio of two kernels at the
+same bandwidth (1.34 for FP8: a second output of 1 + 1/32 bytes per element on 3.03).
+fake_quantize (rowwise, bf16 to bf16, one pass) prints its roofline fraction (4 bytes per
+element) and its time over that of quantize + dequantize.
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -80,6 +80,7 @@ def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
   kernels ran 1.5-2x slower than alone (8192^2 on a 2-core CPU)."""
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   q = jax.jit(lambda x: quantize(x, fmt))(x)
+  q_col = jax.jit(lambda x: quantize(x, fmt, axis=-2))(x)
   row, both = jax.jit(lambda x: quantize(x, fmt)), jax.jit(lambda x: quantize_2x(x, fmt))
   col = jax.jit(lambda x: quantize(x, fmt, axis=-2))
   deq = jax.jit(lambda q: dequantize(q, jnp.bfloat16))
@@ -90,7 +91,8 @@ def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
     flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000)
     copy, copy_bytes = functools.partial(flip, x), 4 * x.size
   kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_col": lambda: col(x),
-             "kernel_2x": lambda: both(x), "deq": lambda: deq(q), "fake": lambda: fake(x)}
+             "kernel_2x": lambda: both(x), "deq": lambda: deq(q), "deq_col": lambda: deq(q_col),
+             "fake": lambda: fake(x)}
   baselines = {
       "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
       "jnp_col": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-2)),
@@ -109,19 +111,21 @@ def ratio(top: list, bottom: list, scale: float = 1.0) -> str:
 
 
 def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int) -> None:
-  """Prints rowwise and columnwise quantize, quantize_2x and dequantize (to bf16) as
-  fractions of the CPU roofline: the bytes each moves per second over the parallel copy's
-  (see `ratio`)."""
+  """Prints rowwise and columnwise quantize, quantize_2x, rowwise and columnwise dequantize
+  (to bf16) and fake_quantize as fractions of the CPU roofline: the bytes each moves per
+  second over the parallel copy's (see `ratio`)."""
   n, bits = int(np.prod(shape)), formats.element_format(fmt).bits
   moved = {"kernel_row": quantize_bytes(n, shape[-1], bits),
            "kernel_col": quantize_bytes(n, shape[-2], bits),
            "kernel_2x": quantize_bytes(n, shape[-1], bits, outputs=2),
            "deq": quantize_bytes(n, shape[-1], bits),
+           "deq_col": quantize_bytes(n, shape[-2], bits),
            "fake": 4 * n}  # bf16 in, bf16 out
   fraction = {name: ratio(t["copy"], t[name], b / copy_bytes) for name, b in moved.items()}
   print(f"{fmt:7} roofline (copy {copy_bytes / min(t['copy']) / 1e9:.1f} GB/s, "
         f"{moved['kernel_row'] / n:.2f} B/elem): rowwise {fraction['kernel_row']}, "
-        f"columnwise {fraction['kernel_col']}, 2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}")
+        f"columnwise {fraction['kernel_col']}, 2x {fraction['kernel_2x']}, dequantize {min(t['deq']) * 1e3:.2f} ms = {fraction['deq']}, "
+        f"columnwise dequantize {fraction['deq_col']}")
   two_passes = [a + b for a, b in zip(t["kernel_row"], t["deq"])]
   print(f"{fmt:7} fake_quantize {min(t['fake']) * 1e3:.2f} ms = {fraction['fake']} of the "
         f"roofline; its time / (quantize + dequantize) {ratio(t['fake'], two_passes)}")
