@@ -36,6 +36,12 @@ def _check_input(x, what: str = "quantize") -> jax.Array:
   return x
 
 
+def _codec(format, block_size: int, scale_mode):
+  """(ElementFormat, block size, ScaleMode) of the public arguments, checked."""
+  fmt = formats.element_format(format)
+  return fmt, formats.check_block_size(block_size, fmt), formats.scale_mode(scale_mode)
+
+
 def _normalize_axis(axis: int, ndim: int) -> int:
   if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
     raise ValueError(f"axis {axis!r} is out of range for an array of rank {ndim}")
@@ -257,9 +263,7 @@ def quantize(x, format="e4m3", *, axis: int = -1, block_size: int = formats.DEFA
     `scales` (float8_e8m0fnu, `ceil(n / block_size)` along `axis`).
   """
   x = _check_input(x)
-  fmt = formats.element_format(format)
-  block_size = formats.check_block_size(block_size, fmt)
-  mode = formats.scale_mode(scale_mode)
+  fmt, block_size, mode = _codec(format, block_size, scale_mode)
   axis = _normalize_axis(axis, x.ndim)
   data, scales = _quantize_op(fmt, block_size, mode, axis)(x)
   return _mxarray(data, scales, fmt, block_size, axis, x, mode)
@@ -285,9 +289,7 @@ def quantize_2x(x, format="e4m3", *, axes: tuple[int, int] = (-1, -2),
   x = _check_input(x, "quantize_2x")
   if x.ndim < 2:
     raise ValueError(f"mxjax.quantize_2x needs an array of rank >= 2; got shape {x.shape}")
-  fmt = formats.element_format(format)
-  block_size = formats.check_block_size(block_size, fmt)
-  mode = formats.scale_mode(scale_mode)
+  fmt, block_size, mode = _codec(format, block_size, scale_mode)
   a0, a1 = (_normalize_axis(a, x.ndim) for a in axes)
   if a0 == a1:
     raise ValueError(f"quantize_2x needs two distinct axes; got {axes}")
@@ -352,9 +354,7 @@ def fake_quantize(x, format="e4m3", *, axis: int = -1,
     An array of x's shape and `dtype`.
   """
   x = _check_input(x, "fake_quantize")
-  fmt = formats.element_format(format)
-  block_size = formats.check_block_size(block_size, fmt)
-  mode = formats.scale_mode(scale_mode)
+  fmt, block_size, mode = _codec(format, block_size, scale_mode)
   axis = _normalize_axis(axis, x.ndim)
   dtype = jnp.dtype(x.dtype if dtype is None else dtype)
   if dtype not in formats.HIGH_PRECISION_DTYPES:

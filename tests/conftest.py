@@ -231,6 +231,19 @@ def every_code_under_every_scale(fmt: str, block_size: int = 32):
   return codes, scales, reference.pack_codes(codes, fmt)
 
 
+def exhaustive_rows(dtype_id: str) -> np.ndarray:
+  """[rows, 64] of dtype_id ("bf16", "f16", "f32"): every bf16 (f16) bit pattern in two
+  arrangements and the special blocks; "f32" adds random f32 bit patterns."""
+  if dtype_id == "f16":
+    parts = [all_f16_patterns(), all_f16_patterns("strided"), special_blocks(np.float16, 64)]
+  else:
+    parts = [all_bf16_patterns(), all_bf16_patterns("strided"),
+             special_blocks(ml_dtypes.bfloat16, 64)]
+    if dtype_id == "f32":
+      parts = [p.astype(np.float32) for p in parts] + [f32_patterns(512, 64)]
+  return np.concatenate([p.reshape(-1, 64) for p in parts])
+
+
 def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
   """bf16 [rows, cols] whose 32-blocks mix the kinds a vector path must get right: normal
   data at block exponents from 2^-140 to 2^120, runs of all the bf16 bit patterns (NaN,

@@ -8,14 +8,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import (DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns, all_f16_patterns,
-                      assert_same_floats, f32_patterns, float_arrays, shapes_and_axes,
-                      special_blocks, wide_mixed_blocks)
+from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, assert_same_floats,
+                      exhaustive_rows, float_arrays, shapes_and_axes, wide_mixed_blocks)
 import mxjax
 from mxjax import backend, reference
 
@@ -32,26 +30,13 @@ def oracle(x, fmt, axis, dtype, block_size=32, mode="rceil"):
                               shape=x.shape, dtype=dtype)
 
 
-def patterns(dtype) -> np.ndarray:
-  """[rows, 64]: every bf16 (f16) bit pattern in two arrangements and the special blocks;
-  f32 adds random f32 bit patterns."""
-  if dtype == np.float16:
-    parts = [all_f16_patterns(), all_f16_patterns("strided"), special_blocks(np.float16, 64)]
-  else:
-    parts = [all_bf16_patterns(), all_bf16_patterns("strided"),
-             special_blocks(ml_dtypes.bfloat16, 64)]
-    if dtype == np.float32:
-      parts = [p.astype(np.float32) for p in parts] + [f32_patterns(512, 64)]
-  return np.concatenate([p.reshape(-1, 64) for p in parts])
-
-
-@pytest.mark.parametrize("in_dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype_id", DTYPE_IDS)
 @pytest.mark.parametrize("mode", SCALE_MODES)
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_every_bit_pattern_rowwise_and_columnwise(fmt, mode, in_dtype):
+def test_every_bit_pattern_rowwise_and_columnwise(fmt, mode, dtype_id):
   """All bf16 / f16 bit patterns (NaN, Inf, subnormals, zero blocks), along either axis,
   to every output dtype; block sizes 16 and 64 rowwise (the scalar path's runs)."""
-  x = jnp.asarray(patterns(in_dtype))
+  x = jnp.asarray(exhaustive_rows(dtype_id))
   for axis in (1, 0):
     for dtype in DTYPES:
       got = mxjax.fake_quantize(x, fmt, axis=axis, scale_mode=mode, dtype=dtype)

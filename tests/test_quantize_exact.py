@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
-                      all_f16_patterns, assert_same_floats, bits_of, every_code_under_every_scale,
-                      f32_patterns, float_arrays, shapes_and_axes, special_blocks,
-                      wide_mixed_blocks)
+from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, assert_same_floats,
+                      bits_of, every_code_under_every_scale, exhaustive_rows, f32_patterns,
+                      float_arrays, shapes_and_axes, special_blocks, wide_mixed_blocks)
 from mxjax import formats, reference
 from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, quantize, quantize_2x
@@ -43,21 +42,9 @@ def assert_same_quantized(a: MXArray, data, scales, *, axis=None):
     assert a.axis == axis
 
 
-def _inputs(dtype_id, block_size=32):
-  """[rows, 64] arrays: every bf16 (or f16) bit pattern in two arrangements + specials."""
-  if dtype_id == "f16":
-    parts = [all_f16_patterns(), all_f16_patterns("strided"), special_blocks(np.float16, 64)]
-  else:
-    parts = [all_bf16_patterns(), all_bf16_patterns("strided"),
-             special_blocks(ml_dtypes.bfloat16, 64)]
-    if dtype_id == "f32":
-      parts = [p.astype(np.float32) for p in parts] + [f32_patterns(512, 64)]
-  return np.concatenate([p.reshape(-1, 64) for p in parts])
-
-
 @pytest.fixture(scope="module", params=DTYPE_IDS)
 def exhaustive_input(request):
-  return request.param, jnp.asarray(_inputs(request.param))
+  return request.param, jnp.asarray(exhaustive_rows(request.param))
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,7 +157,7 @@ def test_boundary_blocks_columnwise_and_2x(fmt, dtype):
 
 
 def test_jit_matches_eager():
-  x = jnp.asarray(_inputs("bf16")[:256])
+  x = jnp.asarray(exhaustive_rows("bf16")[:256])
   for fmt in ("e4m3", "e3m2", "e2m1"):
     f = jax.jit(lambda v, fmt=fmt: quantize(v, fmt, axis=0, scale_mode="floor"))
     want = reference.quantize(x, fmt, axis=0, scale_mode="floor")
