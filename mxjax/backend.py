@@ -35,7 +35,7 @@ CUDA_KERNELS_VERIFIED = False
 # smallest normal number; see mxjax.dot). The cuBLASLt block-scaled MXFP8 GEMM target
 # (`mxjax_mx_gemm`, Blackwell only) is built with CUDA but not yet used by the dot: it has
 # not run on a Blackwell GPU.
-_DOT_PATH = "dequantize to {dtype} + XLA dot, f32 accumulation"
+_DOT_PATH = "operands in {dtype} into XLA's dot, f32 accumulation"
 
 
 def _check_mode(mode, source: str) -> str:
@@ -143,7 +143,8 @@ def backend_info(device: jax.Device | None = None) -> dict:
   path = _kernel_path(platform)
   ops = {op: path for op in ("quantize", "quantize_2x", "dequantize", "fake_quantize")}
   dtype = cpu_operand_dtype().name if platform == "cpu" else "bfloat16"
-  ops["dot_general"] = f"quantize_2x ({path.split(' (')[0]}) + {_DOT_PATH.format(dtype=dtype)}"
+  ops["dot_general"] = (f"quantize_2x + dequantize, or fake_quantize with no backward "
+                        f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)}")
   return {"build": build, "kernels": get_kernels(), "device": str(device.device_kind),
           "platform": platform, "compute_capability": getattr(device, "compute_capability", None),
           "ops": ops}

@@ -122,4 +122,5 @@ def test_backend_info_reports_the_cpu_path():
   assert info["build"] == _ffi.build_info()
   assert info["build"]["simd"] in info["ops"]["quantize"]
   assert "C++ FFI kernels" in info["ops"]["quantize_2x"]
-  assert "XLA dot" in info["ops"]["dot_general"]
+  assert "fake_quantize with no backward" in info["ops"]["dot_general"]
+  assert "XLA's dot" in info["ops"]["dot_general"]
