@@ -26,7 +26,8 @@ namespace {
 using cpu::ceil_div;
 using cpu::kUnitCols;
 
-// fn(F{}, In{}) with the element format and the high-precision type of the ids.
+// Calls fn(F{}, In{}) with the element format and the high-precision type of the ids;
+// returns what fn returns.
 template <class Fn>
 decltype(auto) dispatch(int32_t format, int32_t dtype, Fn&& fn) {
   auto with_dtype = [&](auto f) {
