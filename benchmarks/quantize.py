@@ -10,6 +10,7 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
   python benchmarks/quantize.py --warm-allocator   # see below
   python benchmarks/quantize.py --shape 16384,16384 # on a GPU (issue goal: >= 80% of copy)
   python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
+  python benchmarks/quantize.py --dtype float32     # f32 inputs (f32 dequantize / fake_quantize)
 
 The kernels are timed in turn with a copy in every repetition. Each ratio is printed two
 ways: "B (median M)", B from each side's fastest run, M the median over the repetitions of
@@ -18,12 +19,14 @@ alike). On CPU the copy is a memcpy on every core (benchmarks/roofline.py): roww
 columnwise quantize, quantize_2x and rowwise and columnwise dequantize print their traffic
 (input + data + scales) per second as a fraction of the copy's (issue 13 goals: >= 0.8 for
 FP8 / FP4, >= 0.6 for FP6; quantize_2x <= 1.2x the rowwise time). On GPUs the copy is an
-elementwise op that reads and writes every byte once (flipping the bf16 sign bits as
-uint16; XLA's CPU elementwise ops run on one thread, no bandwidth reference). The 2x / row
+elementwise op that reads and writes every byte once (flipping the sign bits as unsigned
+integers; XLA's CPU elementwise ops run on one thread, no bandwidth reference). The 2x / row
 line also prints the ratio of the bytes each moves: the time ratio of two kernels at the
 same bandwidth (1.34 for FP8: a second output of 1 + 1/32 bytes per element on 3.03).
 fake_quantize (rowwise, bf16 to bf16, one pass) prints its roofline fraction (4 bytes per
-element) and its time over that of quantize + dequantize.
+element) and its time over that of quantize + dequantize. `--dtype float32 | float16` times
+the same ops on that input dtype (dequantize and fake_quantize to it), the bytes counted
+with its size.
 
 On CPU, XLA allocates every output afresh and the kernel faults in its pages: ~35 ms per
 64 MiB on a 2-core machine, more than the quantization itself. `--warm-allocator`
@@ -72,24 +75,26 @@ WARM_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32),
                       "MALLOC_TRIM_THRESHOLD_": str(1 << 36), "MALLOC_TOP_PAD_": str(1 << 30)}
 
 
-def bench(fmt: str, shape, reps: int) -> tuple[dict, int]:
+def bench(fmt: str, shape, reps: int, dtype=jnp.bfloat16) -> tuple[dict, int]:
   """Seconds per repetition ({name: [reps floats]}) of the kernels, a parallel copy (on CPU,
   the roofline; benchmarks/roofline.py) and the jnp baselines; and the bytes the copy moves. The kernels and the copy are
   interleaved with each other, so each repetition's times pair up; the jnp baselines only
   among themselves: they churn through GiBs of temporaries, and timed between them the
   kernels ran 1.5-2x slower than alone (8192^2 on a 2-core CPU)."""
-  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(dtype)
   q = jax.jit(lambda x: quantize(x, fmt))(x)
   q_col = jax.jit(lambda x: quantize(x, fmt, axis=-2))(x)
   row, both = jax.jit(lambda x: quantize(x, fmt)), jax.jit(lambda x: quantize_2x(x, fmt))
   col = jax.jit(lambda x: quantize(x, fmt, axis=-2))
-  deq = jax.jit(lambda q: dequantize(q, jnp.bfloat16))
+  deq = jax.jit(lambda q: dequantize(q, dtype))
   fake = jax.jit(lambda x: fake_quantize(x, fmt))
   if jax.devices()[0].platform == "cpu":
     copy, copy_bytes = parallel_copy()
   else:  # an elementwise op that reads and writes every input byte once
-    flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) ^ 0x8000)
-    copy, copy_bytes = functools.partial(flip, x), 4 * x.size
+    bits = jnp.dtype(f"uint{8 * x.dtype.itemsize}")
+    sign = bits.type(1 << (8 * bits.itemsize - 1))
+    flip = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, bits) ^ sign)
+    copy, copy_bytes = functools.partial(flip, x), 2 * x.nbytes
   kernels = {"copy": copy, "kernel_row": lambda: row(x), "kernel_col": lambda: col(x),
              "kernel_2x": lambda: both(x), "deq": lambda: deq(q), "deq_col": lambda: deq(q_col),
              "fake": lambda: fake(x)}
@@ -110,17 +115,16 @@ def ratio(top: list, bottom: list, scale: float = 1.0) -> str:
   return f"{best:.2f} (median {pairs:.2f})"
 
 
-def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int) -> None:
+def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int, itemsize: int = 2) -> None:
   """Prints rowwise and columnwise quantize, quantize_2x, rowwise and columnwise dequantize
-  (to bf16) and fake_quantize as fractions of the CPU roofline: the bytes each moves per
-  second over the parallel copy's (see `ratio`)."""
+  (to the input's dtype, of `itemsize` bytes) and fake_quantize as fractions of the CPU
+  roofline: the bytes each moves per second over the parallel copy's (see `ratio`)."""
   n, bits = int(np.prod(shape)), formats.element_format(fmt).bits
-  moved = {"kernel_row": quantize_bytes(n, shape[-1], bits),
-           "kernel_col": quantize_bytes(n, shape[-2], bits),
-           "kernel_2x": quantize_bytes(n, shape[-1], bits, outputs=2),
-           "deq": quantize_bytes(n, shape[-1], bits),
-           "deq_col": quantize_bytes(n, shape[-2], bits),
-           "fake": 4 * n}  # bf16 in, bf16 out
+  moved = {name: quantize_bytes(n, shape[axis], bits, in_bytes=itemsize, outputs=outputs)
+           for name, axis, outputs in (("kernel_row", -1, 1), ("kernel_col", -2, 1),
+                                       ("kernel_2x", -1, 2), ("deq", -1, 1),
+                                       ("deq_col", -2, 1))}
+  moved["fake"] = 2 * itemsize * n  # x in, x's dtype out
   fraction = {name: ratio(t["copy"], t[name], b / copy_bytes) for name, b in moved.items()}
   print(f"{fmt:7} roofline (copy {copy_bytes / min(t['copy']) / 1e9:.1f} GB/s, "
         f"{moved['kernel_row'] / n:.2f} B/elem): rowwise {fraction['kernel_row']}, "
@@ -158,6 +162,8 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
   parser.add_argument("--shape", default="8192,8192", help="input shape, e.g. 8192,8192")
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
+                      help="the input's dtype (and dequantize's / fake_quantize's output's)")
   parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
   parser.add_argument("--warm-allocator", action="store_true",
                       help="rerun with glibc keeping freed memory (CPU page-fault effect)")
@@ -173,28 +179,30 @@ def main(argv=None):
   n = int(np.prod(shape))
   info = _ffi.build_info()
   device = jax.devices()[0]
-  print(f"mxjax quantize benchmark: bf16 {shape}, block 32, rceil; simd={info['simd']}, "
+  dtype = jnp.dtype(args.dtype)
+  print(f"mxjax quantize benchmark: {dtype.name} {shape}, block 32, rceil; simd={info['simd']}, "
         f"{device.device_kind} ({device.platform}), {os.cpu_count()} cores, warm allocator: "
         f"{all(os.environ.get(k) == v for k, v in WARM_ALLOCATOR_ENV.items())}")
   print(f"{'format':7} {'op':6} {'kernel ms':>10} {'Gelem/s':>8} {'jnp ms':>9} {'Gelem/s':>8} "
         f"{'speedup':>8}")
   for fmt in args.formats.split(","):
-    times, copy_bytes = bench(fmt, shape, args.reps)
+    times, copy_bytes = bench(fmt, shape, args.reps, dtype)
     t = {name: statistics.median(v) for name, v in times.items()}
     for op in ("row", "col", "2x"):
       k, j = t[f"kernel_{op}"], t[f"jnp_{op}"]
       print(f"{fmt:7} {op:6} {k * 1e3:10.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {n / j / 1e9:8.2f} "
             f"{j / k:7.2f}x")
     bits = formats.element_format(fmt).bits
-    floor = quantize_bytes(n, shape[-1], bits, outputs=2) / quantize_bytes(n, shape[-1], bits)
+    moved = functools.partial(quantize_bytes, n, shape[-1], bits, in_bytes=dtype.itemsize)
+    floor = moved(outputs=2) / moved()
     print(f"{fmt:7} (rowwise+columnwise time) / (rowwise time) = "
           f"{ratio(times['kernel_2x'], times['kernel_row'])}  "
           f"(bytes moved: {floor:.2f}; jnp: {t['jnp_2x'] / t['jnp_row']:.2f})")
     if device.platform == "cpu":  # XLA's CPU elementwise ops are no bandwidth reference
-      cpu_roofline(fmt, shape, times, copy_bytes)
+      cpu_roofline(fmt, shape, times, copy_bytes, dtype.itemsize)
       continue
     f = formats.element_format(fmt)
-    row_bytes = n * 2 + f.storage_length(shape[-1]) * n // shape[-1] + n // 32
+    row_bytes = n * dtype.itemsize + f.storage_length(shape[-1]) * n // shape[-1] + n // 32
     copy_bw = copy_bytes / t["copy"]
     print(f"{fmt:7} rowwise traffic {row_bytes / t['kernel_row'] / 1e9:.1f} GB/s = "
           f"{row_bytes / t['kernel_row'] / copy_bw:.0%} of the elementwise copy's "

@@ -4,10 +4,13 @@ fixed cost of one FFI kernel call; and of one eager (un-jitted) mxjax op.
   python benchmarks/step.py                    # the sweep's default LM (d_model 128, ...)
   python benchmarks/step.py --d-model 256 --layers 4 --seq-len 256 --batch-size 32
   python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1
+  python benchmarks/step.py --dtype float32    # an f32 model (Flax's default), against f32
 
 The step is the sweep's (`mxjax.sweep.train`: loss, grads, AdamW update) jitted under each
 recipe's `autocast`; the steps are timed in turn within each repetition (median), so a
-noisy neighbour slows all of them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15.
+noisy neighbour slows all of them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15. With
+`--dtype float32` the model computes in f32 and the baseline ("bf16", the sweep's name for
+no recipe) is the same f32 model without MX.
 
 The FFI cost: one jitted program with `--calls` independent quantize calls on tiny inputs
 against the same program with one call; the difference per extra call is what a kernel
@@ -97,12 +100,14 @@ def main(argv=None):
   p.add_argument("--heads", type=int, default=defaults.heads)
   p.add_argument("--seq-len", type=int, default=64)
   p.add_argument("--batch-size", type=int, default=16)
+  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                 help="the LM's computation dtype (the baseline's too)")
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--calls", type=int, default=64, help="quantize calls for the FFI cost")
   args = p.parse_args(argv)
   config = model_lib.ModelConfig(d_model=args.d_model, layers=args.layers, heads=args.heads,
                                  max_len=args.seq_len)
-  lm = model_lib.LanguageModel(config)
+  lm = model_lib.LanguageModel(config, dtype=jnp.dtype(args.dtype))
   params = train_lib.init_params(lm, 0, args.seq_len)
   names = [sweep_formats.BASELINE, *(f.name for f in sweep_formats.parse(args.formats))]
   fns, tx = step_fns(lm, train_lib.TrainConfig(), names)
@@ -114,11 +119,12 @@ def main(argv=None):
         f"simd={_ffi.build_info()['simd']}, MX product operands: "
         f"{cpu_operand_dtype().name if device.platform == 'cpu' else 'bfloat16'}")
   print(f"LM: d_model {config.d_model}, {config.layers} layers, {config.heads} heads, "
-        f"batch {args.batch_size} x seq {args.seq_len}; AdamW step (sweep defaults)")
+        f"batch {args.batch_size} x seq {args.seq_len}, {args.dtype}; AdamW step (sweep "
+        f"defaults)")
   t = interleaved_medians(fns, params, opt_state, batch, reps=args.reps)
   base = t[sweep_formats.BASELINE]
   for name, sec in t.items():
-    print(f"  {name:14s} {sec * 1e3:8.2f} ms  ratio to bf16 {sec / base:.3f}")
+    print(f"  {name:14s} {sec * 1e3:8.2f} ms  ratio to {args.dtype} {sec / base:.3f}")
   ffi, xla = ffi_call_cost(args.calls)
   print(f"fixed cost per call on a [16, 128] bf16 input: FFI quantize {ffi * 1e6:.1f} us, "
         f"XLA elementwise op {xla * 1e6:.1f} us ({args.calls} calls in one program)")

@@ -22,7 +22,7 @@ bool has_avx512() {
 bool has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("bmi2");
+         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif

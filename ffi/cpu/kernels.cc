@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_odd.h"
 #include "gcc_diagnostics.h"
 #include "mxjax/quantize.h"
 #include "simd256.h"
@@ -52,15 +53,17 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
   return {oj / nb, oj % nb, cc * kUnitCols, min64(inner, (cc + 1) * kUnitCols)};
 }
 
-// The tiles of work units u + 1 and u + 2 (< end) of bf16 x, [outer, n, inner] in tiles of
-// block 32 (kTileRows) rows, for u's tile to fetch (see TileAhead).
-cpu::TileAhead tiles_ahead(const void* x, int64_t n, int64_t inner, int64_t u, int64_t end) {
+// The tiles of work units u + 1 and u + 2 (< end) of x ([outer, n, inner] of T, in tiles of
+// block 32 (kTileRows) rows), for u's tile to fetch (see TileAhead).
+template <class T>
+cpu::TileAheadOf<T> tiles_ahead(const void* x, int64_t n, int64_t inner, int64_t u,
+                                int64_t end) {
   constexpr int64_t rows = cpu::kTileRows;
-  auto whole = [&](int64_t v) -> const uint16_t* {
+  auto whole = [&](int64_t v) -> const T* {
     if (v >= end) return nullptr;
     const Tile t = tile_of(v, ceil_div(n, rows), inner);
     if (t.c1 - t.c0 < kUnitCols || (t.j + 1) * rows > n) return nullptr;
-    return static_cast<const uint16_t*>(x) + (t.o * n + t.j * rows) * inner + t.c0;
+    return static_cast<const T*>(x) + (t.o * n + t.j * rows) * inner + t.c0;
   };
   return {whole(u + 1), whole(u + 2)};
 }
@@ -73,14 +76,52 @@ namespace simd = simd512;
 namespace simd = simd256;
 #endif
 
+#ifdef MXJAX_HAVE_SIMD_ROWS
+// Whether a block that the bf16 paths quantized from RO(x) (bf16_odd.h) must be redone from
+// x: its scale byte is below min_byte or NaN.
+template <class F>
+bool redo_from_x(uint8_t scale) {
+  static_assert(simd::min_byte<F>() == simd256::min_byte<F>());  // level_tile_2x takes both
+  return scale < simd::min_byte<F>() || scale == kE8M0NaN;
+}
+
+// Rowwise blocks [b0, b1) of a row of n f32 / f16 inputs, the full ones by the bf16 path in
+// runs of up to 64 blocks narrowed to RO bf16 in L1, then scalar_block for those that
+// redo_from_x; returns the first block not done (as simd::row_blocks).
+template <class F, class In>
+int64_t row_blocks_via_bf16(const typename In::T* x, int64_t n, int64_t b0, int64_t b1,
+                            int32_t mode, uint8_t* data, uint8_t* scales) {
+  constexpr int64_t kRun = 64;
+  constexpr int64_t bs = block_storage<F>(32);
+  alignas(64) uint16_t xb[kRun * 32];
+  const int64_t end = min64(b1, n / 32);
+  for (int64_t b = b0; b < end; b += kRun) {
+    const int64_t e = min64(end, b + kRun);
+    to_bf16_odd<In>(x + 32 * b, 32 * (e - b), xb);
+    simd::row_blocks<F>(xb, 32 * (e - b), 0, e - b, mode, data + bs * b, scales + b);
+    for (int64_t j = b; j < e; ++j) {
+      if (redo_from_x<F>(scales[j])) {
+        simd256::scalar_block<F, In>(x + 32 * j, mode, data + bs * j, scales + j);
+      }
+    }
+  }
+  return b0 > end ? b0 : end;
+}
+#endif
+
 // Rowwise blocks [b0, b1) of one contiguous row of n inputs (as quantize_row): the SIMD
-// level's bf16 / block-32 path where there is one, quantize_row for the rest.
+// level's bf16 / block-32 path where there is one (f32 / f16 through row_blocks_via_bf16),
+// quantize_row for the rest.
 template <class F, class In>
 void row_span(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int block,
               int32_t mode, uint8_t* data, uint8_t* scales) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
-  if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales);
+  if (block == 32) {
+    if constexpr (std::is_same_v<In, BF16>) {
+      b0 = simd::row_blocks<F>(x, n, b0, b1, mode, data, scales);
+    } else {
+      b0 = row_blocks_via_bf16<F, In>(x, n, b0, b1, mode, data, scales);
+    }
   }
 #endif
   if (b0 < b1) quantize_row<F, In>(x, n, b0, b1, block, mode, data, scales);
@@ -107,48 +148,43 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
 }
 
 #ifdef MXJAX_HAVE_SIMD_ROWS
-// Columnwise quantize of a bf16 / block-32 tile (layout as in quantize_cols), columns
-// [c0, c1) with c1 - c0 <= kUnitCols, in passes over whole rows (rows `ld` apart alias in
-// L1; row by row, every line is used whole): column amax, scales, encode; then the scalar
-// path for strips that need it and the columns past the last strip. `stream`: the strips'
-// data and scales go out with streaming stores (whole lines: see col_stream). The encode pass
-// fetches the tiles `ahead` line by line.
+// Columnwise quantize of the whole 32-column strips of a bf16 / block-32 tile: `strips`
+// strips of `rows` rows `xld` apart at x; data at the strips' first storage row (storage
+// rows `ld` apart), scales at their scale row. In passes over whole rows (the rows of a wide
+// x alias in L1; row by row, every line is used whole): column amax, scales, encode.
+// `stream`: data and scales go out with streaming stores (whole lines: see col_stream). The
+// encode pass fetches the tiles `ahead` line by line (offsets in rows of xld). Returns a bit
+// per strip that the scalar path must do (its data and scales undefined).
 template <class F>
-void col_tile_bf16(const uint16_t* x, int64_t ld, int rows, int64_t c0, int64_t c1, int32_t mode,
-                   uint8_t* data, uint8_t* scales, bool stream, const cpu::TileAhead& ahead) {
+uint64_t col_strips_bf16(const uint16_t* x, int64_t xld, int rows, int strips, int32_t mode,
+                         uint8_t* data, int64_t ld, uint8_t* scales, bool stream,
+                         const cpu::TileAhead& ahead) {
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
-  const int strips = int((c1 - c0) / W);
   simd::Vec amax[kUnitCols / W];
   simd::StripScale scale[kUnitCols / W];
   for (int j = 0; j < strips; ++j) amax[j] = simd::Vec{};
   for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * ld + c0 + j * W);
+    for (int j = 0; j < strips; ++j) amax[j] = simd::strip_amax(amax[j], x + r * xld + j * W);
   }
   uint64_t scalar = 0;
   for (int j = 0; j < strips; ++j) {
-    if (!simd::strip_scales<F>(amax[j], mode, scales + c0 + j * W, &scale[j], stream)) {
+    if (!simd::strip_scales<F>(amax[j], mode, scales + j * W, &scale[j], stream)) {
       scalar |= 1ull << j;
     }
   }
   for (int r = 0; r < rows; r += F::group_codes) {
-    uint8_t* out = data + r / F::group_codes * F::group_bytes * ld + c0;
+    uint8_t* out = data + r / F::group_codes * F::group_bytes * ld;
     for (int j = 0; j < strips; ++j) {
       static_assert(W * sizeof(uint16_t) == 64);  // a strip's row: one line
       for (int i = 0; i < F::group_codes && r + i < rows; ++i) {
-        cpu::fetch_ahead(ahead, (r + i) * ld + j * W);
+        cpu::fetch_ahead(ahead, (r + i) * xld + j * W);
       }
-      simd::strip_encode<F>(x + r * ld + c0 + j * W, ld, rows - r, scale[j], out + j * W, ld,
+      simd::strip_encode<F>(x + r * xld + j * W, xld, rows - r, scale[j], out + j * W, ld,
                             stream);
     }
   }
-  if (stream && scalar) stream_fence();  // the scalar path below rewrites streamed bytes
-  for (int j = 0; j < strips; ++j) {
-    const int64_t c = c0 + j * W;
-    if ((scalar >> j) & 1) quantize_cols<F, BF16>(x, ld, rows, c, c + W, 32, mode, data, scales);
-  }
-  const int64_t done = c0 + int64_t(strips) * W;
-  if (done < c1) quantize_cols<F, BF16>(x, ld, rows, done, c1, 32, mode, data, scales);
+  return scalar;
 }
 #endif
 
@@ -167,35 +203,54 @@ uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_
   return simd256::tile_2x<F>(x, ld, rows, nblk, mode, o, ahead);
 }
 
-// quantize_2x of a bf16 / block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
+// quantize_2x of a block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
 // nbk apart), col_data / col_scales at its first storage row (columns k apart); the tiles
-// `ahead` fetched. level_tile_2x, then quantize.h's templates for the strips it returns and
-// the ragged ends (a last block shorter than 32, columns past the last whole block).
-template <class F>
-void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1, int32_t mode,
-                  uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
+// `ahead` fetched (bf16). level_tile_2x on x's whole blocks (f32 / f16: on RO(x), bf16_odd.h,
+// then scalar_block for the rowwise blocks that redo_from_x), then quantize.h's templates
+// for the strips it returns and the ragged ends (a last block shorter than 32, columns past
+// the last whole block).
+template <class F, class In>
+void tile_2x_simd(const typename In::T* x, int64_t k, int rows, int64_t c0, int64_t c1,
+                  int32_t mode, uint8_t* row_data, int64_t sk, uint8_t* row_scales, int64_t nbk,
                   uint8_t* col_data, uint8_t* col_scales, bool row_stream, bool col_stream,
-                  const cpu::TileAhead& ahead) {
+                  const cpu::TileAheadOf<typename In::T>& ahead) {
   static_assert(kUnitCols == 32 * cpu::kTileBlocks);
   const int64_t b0 = c0 / 32, b1 = ceil_div(c1, 32), full = min64(b1, k / 32);
   const int nblk = int(full - b0);
   const cpu::Tile2xOut out{row_data + b0 * block_storage<F>(32), sk, row_scales + b0, nbk,
                             row_stream, col_data + c0, col_scales + c0, k, col_stream};
-  uint32_t slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, ahead);
-  MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize_row's zeroed codes (see gcc_diagnostics.h)
+  uint32_t slow;
+  MXJAX_UNINITIALIZED_WARNINGS_OFF  // quantize.h's zeroed codes (see gcc_diagnostics.h)
+  if constexpr (std::is_same_v<In, BF16>) {
+    slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, ahead);
+  } else {
+    alignas(64) uint16_t xb[cpu::kTileRows * kUnitCols];
+    tile_to_bf16_odd<In>(x + c0, k, rows, 32 * int64_t(nblk), xb, ahead);
+    slow = level_tile_2x<F>(xb, 32 * int64_t(nblk), rows, nblk, mode, out, {});
+    bool fenced = !row_stream;  // the rows' streamed bytes, before scalar_block rewrites them
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t j = b0; j < full; ++j) {
+        if (!redo_from_x<F>(row_scales[r * nbk + j])) continue;
+        if (!fenced) stream_fence(), fenced = true;
+        simd256::scalar_block<F, In>(x + r * k + 32 * j, mode,
+                                     row_data + r * sk + j * block_storage<F>(32),
+                                     row_scales + r * nbk + j);
+      }
+    }
+  }
   for (int r = 0; full < b1 && r < rows; ++r) {
-    quantize_row<F, BF16>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
-                          row_scales + r * nbk);
+    quantize_row<F, In>(x + r * k, k, full, b1, 32, mode, row_data + r * sk,
+                        row_scales + r * nbk);
   }
   MXJAX_UNINITIALIZED_WARNINGS_ON
   if (col_stream && slow) stream_fence();  // the scalar path below rewrites streamed bytes
   for (; slow; slow &= slow - 1) {
     const int64_t c = c0 + 32 * __builtin_ctz(slow);
-    quantize_cols<F, BF16>(x, k, rows, c, c + 32, 32, mode, col_data, col_scales);
+    quantize_cols<F, In>(x, k, rows, c, c + 32, 32, mode, col_data, col_scales);
   }
   const int64_t done = c0 + 32 * int64_t(nblk);
-  if (done < c1) quantize_cols<F, BF16>(x, k, rows, done, c1, 32, mode, col_data, col_scales);
+  if (done < c1) quantize_cols<F, In>(x, k, rows, done, c1, 32, mode, col_data, col_scales);
 }
 #endif
 
@@ -204,20 +259,35 @@ void tile_2x_bf16(const uint16_t* x, int64_t k, int rows, int64_t c0, int64_t c1
 template <class F, class In>
 void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t c1, int block,
               int32_t mode, uint8_t* data, uint8_t* scales, bool stream,
-              const cpu::TileAhead& ahead) {
+              const cpu::TileAheadOf<typename In::T>& ahead) {
 #ifdef MXJAX_HAVE_SIMD_ROWS
-  if constexpr (std::is_same_v<In, BF16>) {
-    if (block == 32) {
-      return col_tile_bf16<F>(x, ld, rows, c0, c1, mode, data, scales, stream, ahead);
+  if (block == 32) {
+    constexpr int W = simd::kStripCols;
+    const int strips = int((c1 - c0) / W);
+    uint64_t scalar;
+    if constexpr (std::is_same_v<In, BF16>) {
+      scalar = col_strips_bf16<F>(x + c0, ld, rows, strips, mode, data + c0, ld, scales + c0,
+                                  stream, ahead);
+    } else {  // from RO(x) (bf16_odd.h): the strips it marks are those redo_from_x
+      alignas(64) uint16_t xb[cpu::kTileRows * kUnitCols];
+      tile_to_bf16_odd<In>(x + c0, ld, rows, int64_t(strips) * W, xb, ahead);
+      scalar = col_strips_bf16<F>(xb, int64_t(strips) * W, rows, strips, mode, data + c0, ld,
+                                  scales + c0, stream, {});
     }
+    if (stream && scalar) stream_fence();  // the scalar path below rewrites streamed bytes
+    for (; scalar; scalar &= scalar - 1) {
+      const int64_t c = c0 + W * __builtin_ctzll(scalar);
+      quantize_cols<F, In>(x, ld, rows, c, c + W, 32, mode, data, scales);
+    }
+    c0 += int64_t(strips) * W;
   }
 #else
   (void)stream, (void)ahead;
 #endif
-  quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
+  if (c0 < c1) quantize_cols<F, In>(x, ld, rows, c0, c1, block, mode, data, scales);
 }
 
-// Whether a column tile's strips may stream (col_tile_bf16): they then cover whole aligned
+// Whether a column tile's strips may stream (col_strips_bf16): they then cover whole aligned
 // lines, as tiles start at multiples of kUnitCols and storage rows are `ld` bytes.
 bool col_stream(bool stream, int64_t ld, const uint8_t* data, const uint8_t* scales) {
   auto aligned = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
@@ -244,7 +314,7 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
       return;
     }
     const bool stream = col_stream(p.stream, p.inner, p.data, p.scales);
-    const bool bf16_tiles = std::is_same_v<In, BF16> && block == cpu::kTileRows;
+    const bool tiles = block == cpu::kTileRows;
     for (int64_t u = begin; u < end; ++u) {
       Tile t = tile_of(u, nb, p.inner);
       int rows = int(min64(p.block, p.n - t.j * p.block));
@@ -252,7 +322,8 @@ void quantize(const cpu::QuantizeProblem& p, int64_t begin, int64_t end) {
                       block, p.mode,
                       p.data + (t.o * storage + t.j * block_storage<F>(block)) * p.inner,
                       p.scales + (t.o * nb + t.j) * p.inner, stream,
-                      bf16_tiles ? tiles_ahead(p.x, p.n, p.inner, u, end) : cpu::TileAhead{});
+                      tiles ? tiles_ahead<T>(p.x, p.n, p.inner, u, end)
+                            : cpu::TileAheadOf<T>{});
     }
   });
   if (p.stream) stream_fence();
@@ -277,13 +348,11 @@ void quantize_2x(const cpu::Quantize2xProblem& p, int64_t begin, int64_t end) {
       uint8_t* cdata = p.col_data + (t.o * sm + t.j * block_storage<F>(block)) * p.k;
       uint8_t* cscales = p.col_scales + (t.o * nbm + t.j) * p.k;
 #ifdef MXJAX_HAVE_SIMD_ROWS
-      if constexpr (std::is_same_v<In, BF16>) {
-        if (block == 32) {
-          tile_2x_bf16<F>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk, sk,
-                          p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream,
-                          tiles_ahead(p.x, p.m, p.k, u, end));
-          continue;
-        }
+      if (block == 32) {
+        tile_2x_simd<F, In>(x + r0 * p.k, p.k, rows, t.c0, t.c1, p.mode, p.row_data + r0 * sk,
+                            sk, p.row_scales + r0 * nbk, nbk, cdata, cscales, p.stream, stream,
+                            tiles_ahead<T>(p.x, p.m, p.k, u, end));
+        continue;
       }
 #endif
       const int64_t b0 = t.c0 / block, b1 = ceil_div(t.c1, block);

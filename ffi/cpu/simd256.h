@@ -3,8 +3,9 @@
 // simd256_cols.h's column strips and simd256_2x.h's quantize_2x tile share;
 // simd256_dequantize.h has the dequantize. Host only; included by kernels.cc in the TUs built
 // with -mavx2 and -mavx512bw (which quantizes with simd512.h, and uses the byte packers here).
-// Bit-exact with the templates of quantize.h, which handle what these do not (other dtypes /
-// blocks, NaN / Inf blocks, blocks with tiny scales).
+// Bit-exact with the templates of quantize.h, which handle what these do not (other blocks,
+// NaN / Inf blocks, blocks with tiny scales). f32 / f16 inputs reach them narrowed to bf16
+// (kernels.cc, bf16_odd.h).
 #ifndef MXJAX_CPU_SIMD256_H_
 #define MXJAX_CPU_SIMD256_H_
 
@@ -220,12 +221,12 @@ __attribute__((always_inline)) inline void prepare_group(const uint16_t* x, int 
   }
 }
 
-// One block of 32 bf16 at x by quantize.h's template: its scale byte and every byte of its
-// storage at data (rewrites what a SIMD encode left there).
-template <class F>
-inline void scalar_block(const uint16_t* x, int32_t mode, uint8_t* data, uint8_t* scale) {
+// One block of 32 inputs (bf16 unless In says otherwise) at x by quantize.h's template: its
+// scale byte and every byte of its storage at data (rewrites what a SIMD encode left there).
+template <class F, class In = BF16>
+inline void scalar_block(const typename In::T* x, int32_t mode, uint8_t* data, uint8_t* scale) {
   uint8_t codes[32];
-  *scale = quantize_block<F, BF16, 32>(x, mode, codes);
+  *scale = quantize_block<F, In, 32>(x, mode, codes);
   for (int j = 0; j < 32 / F::group_codes; ++j) {
     pack_group<F>(codes + j * F::group_codes, 1, data + j * F::group_bytes, 1);
   }

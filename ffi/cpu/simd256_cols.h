@@ -1,6 +1,6 @@
 // AVX2 column strips of a column tile (bf16, block 32): 32 columns (two vectors of bf16, the
 // columns of one rowwise block) each, every format. A tile is done in three passes over its
-// rows (kernels.cc, col_tile_bf16): strip_amax, strip_scales, strip_encode; simd256_2x.h's
+// rows (kernels.cc, col_strips_bf16): strip_amax, strip_scales, strip_encode; simd256_2x.h's
 // quantize_2x tile uses the last two's parts. Host only; bit-exact with quantize.h's
 // quantize_cols, which does the strips these do not (strip_scales says which).
 #ifndef MXJAX_CPU_SIMD256_COLS_H_

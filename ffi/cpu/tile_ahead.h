@@ -14,10 +14,13 @@ namespace mxjax::cpu {
 // Zen 4 with two threads (8192 x 8192 bf16) this made quantize_2x 10-19% faster for FP8 than
 // fetching only the next tile, up to 15% for FP4 and about 3% for the compute-bound FP6, and
 // columnwise quantize 25-85% faster than fetching the next tile in its first pass.
-struct TileAhead {
-  const uint16_t* next;
-  const uint16_t* after;
+// Of a tile of T (the bf16 tiles' TileAhead; f32 / f16 inputs: kernels.cc, bf16_odd.h).
+template <class T>
+struct TileAheadOf {
+  const T* next;
+  const T* after;
 };
+using TileAhead = TileAheadOf<uint16_t>;
 
 // Fetches the line at `offset` elements into both tiles of `a`. Always inlined: GCC 12 finds
 // a function of prefetches alone free of side effects and deletes the calls that its early
