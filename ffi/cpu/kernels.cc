@@ -387,13 +387,11 @@ bool dequantize_units(const cpu::DequantizeProblem& p, int64_t begin, int64_t en
         int64_t b1 = min64(nb, u % nb + (end - u));
         int64_t b0 = u % nb;
 #ifdef MXJAX_HAVE_SIMD_ROWS
-        if constexpr (!std::is_same_v<Out, F16>) {
-          if (block == 32) {
-            T* o = out + row * p.n;
-            const bool aligned = reinterpret_cast<uintptr_t>(o) % 64 == 0;
-            b0 = simd::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
-                                                     p.n, b0, b1, o, stream && aligned);
-          }
+        if (block == 32) {
+          T* o = out + row * p.n;
+          const bool aligned = reinterpret_cast<uintptr_t>(o) % 64 == 0;
+          b0 = simd::dequantize_row_blocks<F, Out>(p.data + row * storage, p.scales + row * nb,
+                                                   p.n, b0, b1, o, stream && aligned);
         }
 #endif
         if (b0 < b1) {
@@ -415,12 +413,9 @@ bool dequantize_units(const cpu::DequantizeProblem& p, int64_t begin, int64_t en
       T* ot = out + (t.o * p.n + t.j * p.block) * p.inner;
 #ifdef MXJAX_HAVE_SIMD_ROWS
       static_assert(kUnitCols <= simd256::kMaxTileCols);
-      if constexpr (!std::is_same_v<Out, F16>) {
-        if (block == 32) {
-          simd::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot,
-                                            stream_cols);
-          continue;
-        }
+      if (block == 32) {
+        simd::dequantize_col_tile<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot, stream_cols);
+        continue;
       }
 #endif
       dequantize_cols<F, Out>(dt, st, p.inner, rows, t.c0, t.c1, ot);

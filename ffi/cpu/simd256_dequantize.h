@@ -1,8 +1,11 @@
-// AVX2 dequantize, block 32, to bf16 / f32 (every format): rowwise blocks and column tiles.
+// AVX2 dequantize, block 32, to bf16 / f16 / f32 (every format): rowwise blocks and column
+// tiles.
 // Host only; included by kernels.cc in the TUs built with -mavx2 and -mavx512bw. Bit-exact
 // with the templates of quantize.h, which do the blocks these leave (see below).
 #ifndef MXJAX_CPU_SIMD256_DEQUANTIZE_H_
 #define MXJAX_CPU_SIMD256_DEQUANTIZE_H_
+
+#include <type_traits>
 
 #include "simd256.h"
 #include "stream.h"
@@ -189,18 +192,23 @@ constexpr bool dequantize_in_range(int s) {
   return s != kE8M0NaN && e >= F::man_bits - F::emin - 126 && e <= 127 - F::emax;
 }
 
-// 16 bf16 (u16 lanes) -> out as bf16 or f32 bits; `stream`: with streaming stores (out
-// 32-byte aligned).
+// 16 bf16 (u16 lanes) -> out as bf16, f16 or f32 bits; `stream`: with streaming stores (out
+// 32-byte aligned). f16: through f32 and F16C's conversion (RNE, f16's subnormals and
+// overflow to Inf), as dequantize_row rounds the f32 value.
 template <class Out>
 inline void store16(__m256i v, typename Out::T* out, bool stream = false) {
-  if constexpr (sizeof(typename Out::T) == 2) {
+  const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16);
+  const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16);
+  if constexpr (std::is_same_v<Out, F16>) {
+    constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    store_vector(out, _mm256_set_m128i(_mm256_cvtps_ph(_mm256_castsi256_ps(hi), kRne),
+                                       _mm256_cvtps_ph(_mm256_castsi256_ps(lo), kRne)),
+                 stream);
+  } else if constexpr (sizeof(typename Out::T) == 2) {
     store_vector(out, v, stream);
   } else {  // f32 bits: bf16 bits << 16
-    store_vector(out, _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16),
-                 stream);
-    store_vector(out + 8,
-                 _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16),
-                 stream);
+    store_vector(out, lo, stream);
+    store_vector(out + 8, hi, stream);
   }
 }
 

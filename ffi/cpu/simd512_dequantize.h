@@ -1,4 +1,4 @@
-// AVX-512 (F + BW) dequantize, block 32, to bf16 / f32 (every format): rowwise blocks, one
+// AVX-512 (F + BW) dequantize, block 32, to bf16 / f16 / f32 (every format): rowwise blocks, one
 // 32-lane vector per block. Host only; included by kernels.cc in the TU built with
 // -mavx512bw. Bit-exact with the templates of quantize.h, which do the blocks these leave
 // (NaN / out-of-range scales, NaN / Inf codes: as simd256_dequantize.h).
@@ -9,6 +9,8 @@
 // here: dequantize_in_range).
 #ifndef MXJAX_CPU_SIMD512_DEQUANTIZE_H_
 #define MXJAX_CPU_SIMD512_DEQUANTIZE_H_
+
+#include <type_traits>
 
 #include "gcc_diagnostics.h"
 #include "simd256_dequantize.h"
@@ -75,18 +77,22 @@ inline __m512i decode32(__m512i c, __m512i e7) {
   return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 16 - F::bits), set16(0x8000), 0xF8);
 }
 
-// 32 bf16 (u16 lanes) -> out as bf16 or f32 bits; `stream`: with streaming stores (out
-// 64-byte aligned).
+// 32 bf16 (u16 lanes) -> out as bf16, f16 or f32 bits (f16 as simd256::store16 makes it);
+// `stream`: with streaming stores (out 64-byte aligned).
 template <class Out>
 inline void store32(__m512i v, typename Out::T* out, bool stream) {
-  if constexpr (sizeof(typename Out::T) == 2) {
+  const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16);
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16);
+  if constexpr (std::is_same_v<Out, F16>) {
+    constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256i l = _mm512_cvtps_ph(_mm512_castsi512_ps(lo), kRne);
+    const __m256i h = _mm512_cvtps_ph(_mm512_castsi512_ps(hi), kRne);
+    store_vector(out, _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1), stream);
+  } else if constexpr (sizeof(typename Out::T) == 2) {
     store_vector(out, v, stream);
   } else {  // f32 bits: bf16 bits << 16
-    store_vector(out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16),
-                 stream);
-    store_vector(out + 16,
-                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16),
-                 stream);
+    store_vector(out, lo, stream);
+    store_vector(out + 16, hi, stream);
   }
 }
 
