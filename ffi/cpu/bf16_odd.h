@@ -45,7 +45,8 @@ inline __m256i load8_f32(const typename In::T* x) {
   if constexpr (sizeof(typename In::T) == 4) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   } else {  // F16: exact in f32
-    return _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+    return _mm256_castps_si256(_mm256_cvtph_ps(h));
   }
 }
 #endif
