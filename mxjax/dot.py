@@ -23,9 +23,11 @@ dequantized elements is exact while both are at least 2^-126 (the smallest norma
 of both dtypes); a smaller element, which only occurs in blocks whose scale is near
 2^-127, may be lost: XLA's CPU flushes subnormals. So |out - exact| <= the sum of
 |a_k b_k| over such elements, plus f32 accumulation rounding (tests/test_dot_vs_oracle.py).
-The product sits behind an optimization barrier: XLA's CPU runtime rejects a bf16 x bf16
--> f32 dot in the layouts its simplifier makes when a transpose of the result is folded
-in ("Unsupported element type for DotThunk::Execute").
+XLA's CPU runtime rejects a bf16 x bf16 -> f32 dot in some layouts ("Unsupported element
+type for DotThunk::Execute"): where a transpose of the result is folded in, and where an
+operand contracts its first dim under vmap (an ensemble's weight gradient). So with bf16
+operands the CPU product takes them as `[*B, free, K] . [*B, K, free]`, transposed ahead
+of time, and optimization barriers keep XLA from folding transposes back into the dot.
 """
 
 from __future__ import annotations
@@ -250,18 +252,30 @@ def _product(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
   dim]`.
 
   Both operands are dequantized (exactly) to the dtype the platform's GEMM is faster at:
-  bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster.
+  bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster; bf16
+  operands on CPU in canonical form (see the module docstring).
   """
   batch = tuple(range(a.ndim - 2))
-  dims = (((len(batch) + contract[0],), (len(batch) + contract[1],)), (batch, batch))
+  n = len(batch)
 
-  def with_operands(dtype):
-    return lambda: lax.optimization_barrier(lax.dot_general(
-        a.dequantize(dtype), b.dequantize(dtype), dims, preferred_element_type=jnp.float32,
-        out_sharding=out_sharding))
+  def with_operands(dtype, canonical: bool):
+    def product():
+      a_x, b_x = a.dequantize(dtype), b.dequantize(dtype)
+      contract_a, contract_b = contract
+      if canonical:  # a [*B, free, K] . b [*B, K, free], the barrier keeps the transposes
+        if contract_a == 0:
+          a_x, contract_a = jnp.swapaxes(a_x, -1, -2), 1
+        if contract_b == 1:
+          b_x, contract_b = jnp.swapaxes(b_x, -1, -2), 0
+        a_x, b_x = lax.optimization_barrier((a_x, b_x))
+      dims = (((n + contract_a,), (n + contract_b,)), (batch, batch))
+      return lax.optimization_barrier(lax.dot_general(
+          a_x, b_x, dims, preferred_element_type=jnp.float32, out_sharding=out_sharding))
+    return product
 
-  return lax.platform_dependent(cpu=with_operands(cpu_operand_dtype()),
-                                default=with_operands(jnp.bfloat16))
+  cpu_dtype = cpu_operand_dtype()
+  return lax.platform_dependent(cpu=with_operands(cpu_dtype, cpu_dtype == jnp.bfloat16),
+                                default=with_operands(jnp.bfloat16, False))
 
 
 def _out_groups(config: _DotConfig) -> list[tuple[int, ...]]:

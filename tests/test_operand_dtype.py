@@ -3,6 +3,7 @@ product equals the oracle's with either dtype."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -61,3 +62,26 @@ def test_product_uses_the_chosen_dtype_and_equals_the_oracle(fresh_choice, dtype
   dims = (((1,), (0,)), ((), ()))
   expected = lax.dot_general(ql, qr, dims, precision=lax.Precision.HIGHEST)
   assert_f32_close(fn(lhs, rhs), expected, jnp.abs(ql), jnp.abs(qr), dims)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("x_batched", [False, True])
+def test_vmapped_weights_gradients_equal_each_members(fresh_choice, dtype, x_batched):
+  """An ensemble (weights vmapped, inputs shared or not): every product of the backward
+  runs, eagerly and under jit, and each member's gradients are its own. With bf16 operands
+  XLA's CPU rejected the vmapped backward's dots ("Unsupported element type for
+  DotThunk::Execute: BF16 x BF16 = F32") until the product took canonical operands."""
+  fresh_choice.setenv("MXJAX_CPU_OPERAND_DTYPE", dtype)
+  kx, kw = jax.random.split(jax.random.key(5))
+  x = jax.random.normal(kx, (3, 40, 64) if x_batched else (40, 64), jnp.float32)
+  w = jax.random.normal(kw, (3, 64, 96), jnp.float32)
+  loss = lambda x, w: jnp.sum(mxjax.matmul(x, w) ** 2)
+  grad = jax.value_and_grad(loss, (0, 1))
+  in_axes = (0 if x_batched else None, 0)
+  for fn in (jax.vmap(grad, in_axes), jax.jit(jax.vmap(grad, in_axes))):
+    vals, (gx, gw) = jax.block_until_ready(fn(x, w))
+    for i in range(3):
+      v, (ex, ew) = grad(x[i] if x_batched else x, w[i])
+      np.testing.assert_allclose(vals[i], v, rtol=1e-6)
+      np.testing.assert_allclose(gx[i], ex, rtol=1e-6, atol=1e-5)
+      np.testing.assert_allclose(gw[i], ew, rtol=1e-6, atol=1e-5)
