@@ -107,7 +107,9 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   config = _DotConfig(lhs_layout, rhs_layout, fwd.name, bwd.name, int(block_size),
                       formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1],
                       _typed_sharding(lhs), _typed_sharding(rhs), _named(out_sharding))
-  return _mx_dot(config, lhs, rhs)
+  # Under shard_map, an operand replicated over an axis the other varies over is cast to
+  # varying here, outside the custom VJP: the cast's transpose psums its gradient.
+  return _mx_dot(config, *sharding.vary_alike(lhs, rhs))
 
 
 def matmul(a, b, **kwargs) -> jax.Array:

@@ -15,6 +15,9 @@
 `merge_dims` / `split_dim` say how a reshape that merges or splits dims keeps their
 shards in place; `mxjax.dot` uses them for its canonical form.
 
+Inside `jax.shard_map` (manual axes), `vary_alike` gives a product's operands one type, as
+`lax.dot_general` does itself, so a `custom_vjp` returns cotangents of its primals' types.
+
 A blocked axis that cannot be split into whole blocks per shard (its length is not a
 multiple of the block, or the shards would cut a block) is gathered: the rule marks it as
 needing replication (Auto) or reshards the operand (Explicit) before the call. The result
@@ -329,3 +332,32 @@ def spec_over_mesh(sharding, mesh, ndim: int) -> tuple | None:
         if sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(*entries)), ndim):
           return entries
   return None
+
+
+# ---------------------------------------------------------------------------------------
+# Manual axes (jax.shard_map with check_vma): which mesh axes a value varies over.
+
+
+def varying_axes(x) -> frozenset:
+  """The manual mesh axes x's type varies over: empty outside `jax.shard_map` and under
+  `check_vma=False`."""
+  return frozenset(jax.typeof(x).manual_axis_type.varying)
+
+
+def vary_alike(*operands):
+  """The operands (pytrees of arrays), each leaf made to vary over every manual mesh axis
+  any leaf varies over (`jax.lax.pcast(..., to="varying")`), as `lax.dot_general` makes
+  its operands under `jax.shard_map`. The transpose of that cast psums the cotangent over
+  the axes it added, so a `custom_vjp` of the results, whose backward makes cotangents as
+  varying as its operands, hands a replicated operand its summed, replicated gradient.
+  Returns the operands as given where nothing varies (outside shard_map, check_vma=False).
+  """
+  axes = frozenset().union(*map(varying_axes, jax.tree.leaves(operands)))
+  if not axes:
+    return operands
+
+  def vary(leaf):
+    missing = axes - varying_axes(leaf)
+    return jax.lax.pcast(leaf, tuple(missing), to="varying") if missing else leaf
+
+  return jax.tree.map(vary, operands)
