@@ -80,6 +80,13 @@ def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,
   Warns `Recipe type changed` when a state made for one recipe meets another one and
   arrays are discarded or made afresh (not between two stateless recipes).
   """
+  if stored is not None and not isinstance(stored, state_lib.RecipeState):
+    raise TypeError(
+        f"The recipe state of {where} is a {type(stored).__name__}, not a "
+        "mxjax.state.RecipeState: was it restored from a checkpoint without a target? "
+        "Restore the state collection into the model's initialized variables (orbax: the "
+        "variables as the restore target; flax.serialization.from_state_dict(variables, "
+        "restored)).")
   kind = state_lib.kind_of(recipe)
   fresh = state_lib.init(recipe)
   if stored is not None and stored.kind == kind and (
@@ -99,7 +106,9 @@ def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,
     raise ValueError(
         f"{where} runs {kind}, which needs its recipe state, but the state collection "
         f"holds {stored.kind if stored else 'nothing'} and is not mutable: initialize the "
-        "model under this autocast, or apply it once with the collection mutable.")
+        "model under this autocast, or apply it once with the collection mutable; inside "
+        "a lifted transform (nn.scan, nn.vmap, nn.remat, ...) also give the collection to "
+        "the transform (e.g. nn.scan's variable_axes={'params': 0, 'mx_state': 0}).")
   return fresh, True
 
 

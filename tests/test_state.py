@@ -2,6 +2,7 @@
 (mxjax.fp8), the mutable-collection convention, TrainState, and amax reduction."""
 
 import flax.linen as nn
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,3 +190,37 @@ def test_describe_lists_every_gemm():
     variables = Two().init(jax.random.key(0), jnp.ones((2, 32)))
   assert state_lib.describe(variables) == {"mx_state/a/recipe_state": "DelayedScaling",
                                            "mx_state/b/recipe_state": "DelayedScaling"}
+
+
+def test_state_restored_without_a_target_is_named():
+  """A checkpoint restored as plain dicts lost each RecipeState's kind: the error says so
+  and how to restore; restoring into the initialized variables gives the same state."""
+  model, x = nn.Dense(32), jnp.ones((4, 64))
+  with context.autocast(recipe=DelayedScaling()), mxl.intercept():
+    variables = model.init(jax.random.key(0), x)
+    restored = flax.serialization.msgpack_restore(flax.serialization.to_bytes(variables))
+    with pytest.raises(TypeError, match="is a dict, not a mxjax.state.RecipeState.*target"):
+      model.apply(restored, x, mutable=["mx_state"])
+    into_target = flax.serialization.from_state_dict(variables, restored)
+    assert jax.tree.structure(into_target) == jax.tree.structure(variables)
+    out, _ = model.apply(into_target, x, mutable=["mx_state"])
+    expected, _ = model.apply(variables, x, mutable=["mx_state"])
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_lifted_transform_without_the_state_collection_is_named():
+  """nn.scan whose variable_axes omit the state collection: the error points there."""
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+      return x + nn.Dense(64)(x), None
+
+  class Stack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      scan = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+      return scan()(x, None)[0]
+
+  with context.autocast(recipe=DelayedScaling()), mxl.intercept():
+    with pytest.raises(ValueError, match="lifted transform.*variable_axes"):
+      Stack().init(jax.random.key(0), jnp.ones((4, 64)))
