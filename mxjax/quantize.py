@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax import _ffi, backend, formats, xla_codec
+from mxjax import _ffi, backend, formats, sharding, xla_codec
 from mxjax.mxarray import MXArray
 from mxjax.sharding import blockwise_partitioned
 
@@ -90,14 +90,8 @@ def _per_platform(ffi_fn, xla_fn, *args, cpu_fn=None):
 def _varying_like(ffi_fn, args):
   """`ffi_fn` whose results vary over the manual mesh axes (shard_map) its operands vary
   over, as the XLA path's results do: the branches of one program must have equal types."""
-  varying = lambda a: jax.typeof(a).manual_axis_type.varying  # noqa: E731
-  axes = frozenset().union(*(varying(a) for a in args))
-
-  def fn(*operands):
-    return jax.tree.map(lambda r: jax.lax.pcast(r, tuple(axes - varying(r)), to="varying")
-                        if axes - varying(r) else r, ffi_fn(*operands))
-
-  return fn
+  axes = frozenset().union(*map(sharding.varying_axes, args))
+  return lambda *operands: sharding.vary_over(ffi_fn(*operands), axes)
 
 
 def _quantize_call(x, fmt, block_size: int, mode, axis: int):

@@ -344,20 +344,22 @@ def varying_axes(x) -> frozenset:
   return frozenset(jax.typeof(x).manual_axis_type.varying)
 
 
-def vary_alike(*operands):
-  """The operands (pytrees of arrays), each leaf made to vary over every manual mesh axis
-  any leaf varies over (`jax.lax.pcast(..., to="varying")`), as `lax.dot_general` makes
-  its operands under `jax.shard_map`. The transpose of that cast psums the cotangent over
-  the axes it added, so a `custom_vjp` of the results, whose backward makes cotangents as
-  varying as its operands, hands a replicated operand its summed, replicated gradient.
-  Returns the operands as given where nothing varies (outside shard_map, check_vma=False).
-  """
-  axes = frozenset().union(*map(varying_axes, jax.tree.leaves(operands)))
-  if not axes:
-    return operands
-
+def vary_over(tree, axes: frozenset):
+  """`tree` (of arrays), each leaf made to vary over the manual mesh axes `axes` too
+  (`jax.lax.pcast(..., to="varying")`); the leaves as given where they already do."""
   def vary(leaf):
     missing = axes - varying_axes(leaf)
     return jax.lax.pcast(leaf, tuple(missing), to="varying") if missing else leaf
 
-  return jax.tree.map(vary, operands)
+  return jax.tree.map(vary, tree) if axes else tree
+
+
+def vary_alike(*operands):
+  """The operands (pytrees of arrays), each leaf made to vary over every manual mesh axis
+  any leaf varies over, as `lax.dot_general` makes its operands under `jax.shard_map`.
+  The transpose of that cast psums the cotangent over the axes it added, so a `custom_vjp`
+  of the results, whose backward makes cotangents as varying as its operands, hands a
+  replicated operand its summed, replicated gradient. Returns the operands as given where
+  nothing varies (outside shard_map, check_vma=False).
+  """
+  return vary_over(operands, frozenset().union(*map(varying_axes, jax.tree.leaves(operands))))
