@@ -38,6 +38,12 @@ class QuantizedInit:
 
 _QUANTIZED_INIT = jax.make_user_context(default_value=None)
 
+#: The linen variable collection that holds the kernels made under `quantized_model_init`
+#: (as `batch_stats` holds BatchNorm's statistics): outside `params`, so neither `jax.grad`
+#: over the params nor an optax update ever sees them. NNX keeps them in
+#: `mxjax.nnx.QuantizedKernel` variables instead of `nnx.Param`.
+QUANTIZED_KERNELS = "mx_kernels"
+
 
 def _check_recipe(recipe, what: str) -> Recipe:
   if recipe is None:
@@ -108,8 +114,14 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
   Each kernel is quantized once from its high-precision initial value with
   `mxjax.quantize.quantize_2x`: the forward copy (blocks along the contraction) and, when
   `columnwise`, the backward copy (blocks along the output features). Such weights are
-  frozen (they get zero gradients) and can only be applied under a matching recipe (or
-  with autocast off, where they are dequantized).
+  frozen: they are not trainable params at all. linen modules store them in the variable
+  collection `QUANTIZED_KERNELS` ("mx_kernels") instead of "params", so `init` returns
+  `{"params": {biases, norms, ...}, "mx_kernels": {... "kernel": MXArray pair}, ...}` and
+  `apply` needs both collections; NNX modules hold them in `mxjax.nnx.QuantizedKernel`
+  variables instead of `nnx.Param`, so `nnx.grad` and `nnx.Optimizer(..., wrt=nnx.Param)`
+  leave them alone. (E8M0 scales have no zero: an optimizer update of one, even a zero
+  update, is NaN.) They can only be applied under a matching recipe (or with autocast off,
+  where they are dequantized).
 
   Args:
     enabled: False initializes kernels in high precision as usual.

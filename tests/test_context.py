@@ -85,7 +85,10 @@ def test_quantized_model_init_stores_mxarray_pairs():
   x = jnp.ones((2, 64))
   with context.quantized_model_init(recipe=MXFP8BlockScaling()):
     variables = mxl.Dense(64).init(jax.random.key(0), x)
-  kernel = variables["params"]["kernel"]
+  # Frozen: the kernel is in its own collection, not a trainable param.
+  assert set(variables) == {"params", context.QUANTIZED_KERNELS, "mx_state"}
+  assert "kernel" not in variables["params"]
+  kernel = variables[context.QUANTIZED_KERNELS]["kernel"]
   assert isinstance(kernel, tuple) and all(isinstance(a, MXArray) for a in kernel)
   assert [a.axis for a in kernel] == [0, 1]
   assert kernel[0].data.dtype == jnp.float8_e4m3fn
@@ -123,12 +126,16 @@ def test_quantized_kernel_runs_under_matching_recipe_and_dequantizes_when_off():
   model = mxl.Dense(32, use_bias=False)
   with context.quantized_model_init(recipe=MXFP8BlockScaling()):
     variables = model.init(jax.random.key(0), x)
-  w = variables["params"]["kernel"][0].dequantize()
+  w = variables[context.QUANTIZED_KERNELS]["kernel"][0].dequantize()
   off = model.apply(variables, x)
   np.testing.assert_allclose(off, x @ w, rtol=1e-5, atol=1e-5)
   with context.autocast(recipe=MXFP8BlockScaling()):
     on = model.apply(variables, x)
   assert float(jnp.linalg.norm(on - x @ w) / jnp.linalg.norm(x @ w)) < 0.06
+  # Applying without the frozen kernels' collection: the error says where they are.
+  without = {k: v for k, v in variables.items() if k != context.QUANTIZED_KERNELS}
+  with pytest.raises(ValueError, match="finds no kernel in 'params' or 'mx_kernels'"):
+    model.apply(without, x)
 
 
 class _Net(nn.Module):

@@ -295,3 +295,61 @@ def test_mxfp8_training_matches_f32():
   assert rel(fake_quantize(x_eval, "e4m3"), x_eval) <= 0.03
   assert rel(fake_quantize(kernel, "e4m3", axis=0), kernel) <= 0.03
   assert rel(quantized, exact) <= 0.03 * np.sqrt(2)
+
+
+def _mxarrays(tree):
+  from mxjax.mxarray import MXArray
+  leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
+  return [a for a in leaves if isinstance(a, MXArray)]
+
+
+def _bits(arrays):
+  """The raw bytes of every MXArray's data and scales (NaN compares too)."""
+  return [np.asarray(x).view(np.uint8) for a in arrays for x in (a.data, a.scales)]
+
+
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.1), optax.adam(1e-2)],
+                         ids=["sgd", "adam"])
+def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
+  """Kernels made under quantized_model_init live outside "params" (E8M0 scales have no
+  zero: any optax update of one, even a zero one, is NaN). Training the params with a
+  stock optimizer keeps everything finite, leaves the kernels bit-identical and moves the
+  biases."""
+  recipe = MXFP8BlockScaling()
+  model = _MLP()
+  x, labels = _classification_batch(jax.random.key(0), 64)
+  with context.quantized_model_init(recipe=recipe):
+    variables = model.init(jax.random.key(1), x)
+  kernels_before = _bits(_mxarrays(variables))
+  assert len(kernels_before) == 3 * 2 * 2  # 3 layers, an MXArray pair each
+
+  def loss_fn(params, rest):
+    logits = model.apply({**rest, "params": params}, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  @jax.jit
+  def step(params, rest, opt_state):
+    loss, grads = jax.value_and_grad(loss_fn)(params, rest)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params = variables["params"]
+  rest = {k: v for k, v in variables.items() if k != "params"}
+  opt_state = optimizer.init(params)
+  with context.autocast(recipe=recipe):
+    losses = []
+    for _ in range(3):
+      params, opt_state, loss = step(params, rest, opt_state)
+      losses.append(float(loss))
+    y = model.apply({**rest, "params": params}, x)
+  assert np.all(np.isfinite(losses)) and bool(jnp.all(jnp.isfinite(y)))
+  for leaf in jax.tree.leaves(params):
+    assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
+  assert not _mxarrays(params)  # no quantized kernel among the trainable params
+  assert not _mxarrays(opt_state)
+  after = {**rest, "params": params}
+  for a, b in zip(_bits(_mxarrays(after)), kernels_before, strict=True):
+    np.testing.assert_array_equal(a, b)
+  for name in ("fc1", "fc2", "out"):
+    assert not np.array_equal(params[name]["bias"], variables["params"][name]["bias"])
+  assert set(variables[mxl.QUANTIZED_KERNELS]) == {"fc1", "fc2", "out"}

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -70,9 +71,67 @@ def test_quantized_init_and_mismatch():
     layer = mxnnx.Linear(64, 32, use_bias=False, rngs=nnx.Rngs(0))
   kernel = layer.kernel.get_value()
   assert isinstance(kernel, MXArray) and kernel.axis == 0
+  # Frozen: a QuantizedKernel, not an nnx.Param.
+  assert type(layer.kernel) is mxnnx.QuantizedKernel
+  assert not jax.tree.leaves(nnx.state(layer, nnx.Param))
   with context.autocast(recipe=MXFP8BlockScaling()):
     y = layer(X)
   assert _rel(y, X @ kernel.dequantize()) < 0.06
   with context.autocast(recipe=DelayedScaling()):
     with pytest.raises(ValueError, match=r"^Recipe mismatch for nnx.Linear\(64, 32\)"):
       layer(X)
+
+
+def _mxarrays(tree):
+  leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
+  return [a for a in leaves if isinstance(a, MXArray)]
+
+
+def _bits(arrays):
+  """The raw bytes of every MXArray's data and scales (NaN compares too)."""
+  return [np.asarray(x).view(np.uint8) for a in arrays for x in (a.data, a.scales)]
+
+
+class _TwoLayers(nnx.Module):
+
+  def __init__(self, rngs):
+    self.a = mxnnx.Linear(64, 32, rngs=rngs)
+    self.b = mxnnx.Linear(32, 8, rngs=rngs)
+
+  def __call__(self, x):
+    return self.b(nnx.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.1), optax.adam(1e-2)],
+                         ids=["sgd", "adam"])
+def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
+  """Kernels made under quantized_model_init are QuantizedKernel variables, not
+  nnx.Param (E8M0 scales have no zero: any optax update of one is NaN): nnx.grad and
+  nnx.Optimizer(wrt=nnx.Param) leave them bit-identical and train the biases."""
+  recipe = MXFP8BlockScaling()
+  with context.quantized_model_init(recipe=recipe):
+    model = _TwoLayers(nnx.Rngs(0))
+  kernels_before = _bits(_mxarrays(nnx.state(model)))
+  assert len(kernels_before) == 2 * 2 * 2  # 2 layers, an MXArray pair each
+  biases_before = [np.asarray(model.a.bias.get_value()), np.asarray(model.b.bias.get_value())]
+  with context.autocast(recipe=recipe):
+    opt = nnx.Optimizer(model, optimizer, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt):
+      loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(X) - 1.0) ** 2))(model)
+      opt.update(model, grads)
+      return loss
+
+    losses = [float(step(model, opt)) for _ in range(3)]
+    y = model(X)
+  assert np.all(np.isfinite(losses)) and bool(jnp.all(jnp.isfinite(y)))
+  params = nnx.state(model, nnx.Param)
+  for leaf in jax.tree.leaves(params):
+    assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
+  assert not _mxarrays(params)  # no quantized kernel among the trainable params
+  assert not _mxarrays(nnx.state(opt, nnx.OptState))
+  for a, b in zip(_bits(_mxarrays(nnx.state(model))), kernels_before, strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(model.a.bias.get_value(), biases_before[0])
+  assert not np.array_equal(model.b.bias.get_value(), biases_before[1])

@@ -213,7 +213,7 @@ def test_mx_block_scaling_quantized_model_init_memory_and_mismatch():
   recipe = MXBlockScaling("e5m2", "e4m3")
   with mxjax.quantized_model_init(recipe=recipe):
     variables = _Net().init(jax.random.key(0), X)
-  kernel = variables["params"]["proj"]["kernel"]
+  kernel = variables[mxjax.linen.QUANTIZED_KERNELS]["proj"]["kernel"]
   assert [a.data.dtype for a in kernel] == [jnp.float8_e5m2, jnp.float8_e5m2]
   assert state_lib.describe(variables) == {"mx_state/proj/recipe_state": "MXBlockScaling"}
   # E5M2 pair with 32-blocks: 2 copies of (1 byte + 1/32 scale byte) vs 4 f32 bytes.

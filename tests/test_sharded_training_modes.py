@@ -143,18 +143,22 @@ def test_quantized_kernels_keep_their_logical_axes_and_run_fsdp(kind):
     boxed = model.init(jax.random.key(0), x)
     dense_general = mxjax.DenseGeneral((4, 8), axis=(-2, -1), kernel_axes=("a", "b", "c", "d"))
     boxed_general = dense_general.init(jax.random.key(0), jnp.zeros((2, 4, 64)))
-  specs = nn.get_partition_spec(boxed)["params"]
-  assert specs["fc1"]["kernel"] == P("embed", "mlp")
-  assert specs["fc2"]["kernel"] == P("mlp", "embed")
+  kernels = mxjax.linen.QUANTIZED_KERNELS  # frozen: outside "params"
+  assert "kernel" not in boxed["params"]["fc1"]
+  specs = nn.get_partition_spec(boxed)
+  specs = {col: specs[col] for col in ("params", kernels)}
+  assert specs[kernels]["fc1"]["kernel"] == P("embed", "mlp")
+  assert specs[kernels]["fc2"]["kernel"] == P("mlp", "embed")
   # The 2-D form [4 * 64, 4 * 8] keeps the axes of the leading in and feature dims.
-  assert nn.get_partition_spec(boxed_general)["params"]["kernel"] == P("a", "c")
-  params = nn.unbox(boxed)["params"]
-  assert isinstance(params["fc2"]["kernel"][0], mxjax.MXArray)
+  assert nn.get_partition_spec(boxed_general)[kernels]["kernel"] == P("a", "c")
+  params = {col: nn.unbox(boxed)[col] for col in ("params", kernels)}
+  assert isinstance(params[kernels]["fc2"]["kernel"][0], mxjax.MXArray)
   mesh = make_mesh(kind)
   # FSDP of fc1's kernel (contraction over 'data'), fc2's replicated.
   sh = nn.logical_to_mesh_sharding(specs, mesh, (("embed", "data"),))
-  sh["fc2"] = jax.tree.map(lambda _: NamedSharding(mesh, P()), sh["fc2"])
-  apply = lambda p, x: model.apply({"params": p}, x)  # noqa: E731
+  for col in sh:
+    sh[col]["fc2"] = jax.tree.map(lambda _: NamedSharding(mesh, P()), sh[col]["fc2"])
+  apply = lambda p, x: model.apply(p, x)  # noqa: E731
   with mxjax.autocast(recipe=MXFP8):
     want = jax.jit(apply)(params, x)
     with jax.set_mesh(mesh):
@@ -163,7 +167,7 @@ def test_quantized_kernels_keep_their_logical_axes_and_run_fsdp(kind):
       got = jax.jit(apply)(ps, xs)
       grad_x = jax.jit(jax.grad(lambda x: jnp.sum(apply(ps, x) ** 2)))(xs)
     want_grad_x = jax.grad(lambda x: jnp.sum(apply(params, x) ** 2))(x)
-  fc1_along_k = ps["fc1"]["kernel"][0]  # [D, H] sharded over 'data' on D: whole blocks
+  fc1_along_k = ps[kernels]["fc1"]["kernel"][0]  # [D, H] sharded over 'data' on D: whole blocks
   assert spec_of(fc1_along_k.data) == ("data", None)
   assert spec_of(fc1_along_k.scales) == ("data", None)
   assert spec_of(got)[0] == "data"

@@ -8,7 +8,9 @@ the layer rules of an enclosing `mxjax.linen.intercept`, else the enclosing
 collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances).
 
 Kernels initialized under `mxjax.quantized_model_init` are stored as MXArrays in 2-D
-form `[prod(contracted dims), prod(features)]` and are frozen.
+form `[prod(contracted dims), prod(features)]` and are frozen: they are not params but the
+variable `kernel` of the collection `mxjax.context.QUANTIZED_KERNELS` ("mx_kernels"), which
+`apply` needs next to "params" and which gradients and optimizers never see.
 """
 
 from __future__ import annotations
@@ -97,8 +99,12 @@ class DenseGeneral(nn.Module):
     return y
 
   def _kernel(self, shape, shape_2d, n_in):
-    """The `kernel` param: high precision of `shape` (`n_in` input dims, then the
-    features), or quantized in 2-D form."""
+    """The kernel: the param `kernel`, high precision of `shape` (`n_in` input dims, then
+    the features); or, made under `quantized_model_init`, the variable `kernel` of the
+    collection `QUANTIZED_KERNELS`, quantized in 2-D form (frozen: not a param)."""
+    collection = context.QUANTIZED_KERNELS
+    if self.has_variable(collection, "kernel"):
+      return self.variable(collection, "kernel").value
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
       def quantized_init(key, shape, dtype):
@@ -107,7 +113,14 @@ class DenseGeneral(nn.Module):
       if self.kernel_axes:  # the 2-D form keeps the axes of the leading in / feature dims
         axes_2d = (self.kernel_axes[0], self.kernel_axes[n_in])
         quantized_init = nn.with_logical_partitioning(quantized_init, axes_2d)
-      return self.param("kernel", quantized_init, shape, self.param_dtype)
+      # The same "params" rng as `self.param` would draw: the same initial value.
+      return self.variable(collection, "kernel", quantized_init, self.make_rng("params"),
+                           shape, self.param_dtype).value
+    if not (self.has_variable("params", "kernel") or self.is_mutable_collection("params")):
+      raise ValueError(
+          f"{_module_path(self)} finds no kernel in 'params' or '{collection}': apply it "
+          f"with all the collections init returned (a model initialized under "
+          f"quantized_model_init keeps its frozen kernels in '{collection}').")
     kernel_init = self.kernel_init
     if self.kernel_axes:
       kernel_init = nn.with_logical_partitioning(kernel_init, self.kernel_axes)

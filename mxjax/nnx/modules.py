@@ -7,6 +7,10 @@ changed`). The gradient of `recipe_state` is the fully advanced state (gradient
 overwrite), as in the linen modules: take `nnx.grad` with respect to
 `nnx.Any(nnx.Param, RecipeStateVar)` and assign the state part back to advance the
 gradient's amax history too.
+
+A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArray) is held
+in a `QuantizedKernel` variable, not an `nnx.Param`: it is frozen, so `nnx.grad` (whose
+default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave it alone.
 """
 
 from __future__ import annotations
@@ -25,11 +29,17 @@ class RecipeStateVar(nnx.Variable):
   """Holds a `mxjax.state.RecipeState`."""
 
 
+class QuantizedKernel(nnx.Variable):
+  """Holds a kernel made under `mxjax.quantized_model_init`: frozen, not an `nnx.Param`
+  (an optimizer update of its E8M0 scales, even a zero one, would be NaN)."""
+
+
 class Linear(nnx.Module):
   """`x[..., in_features] . kernel[in, out] + bias` under the recipe.
 
   Args:
-    in_features, out_features: the kernel is f32[in_features, out_features] (param_dtype).
+    in_features, out_features: the kernel is f32[in_features, out_features] (param_dtype);
+      under `mxjax.quantized_model_init`, quantized and held in a `QuantizedKernel`.
     use_bias: add a bias [out_features].
     dtype: computation / output dtype; None: promoted from input and params.
     param_dtype, kernel_init, bias_init: as in `flax.nnx.Linear`.
@@ -47,8 +57,9 @@ class Linear(nnx.Module):
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
-      w = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
-    self.kernel = nnx.Param(w)
+      self.kernel = QuantizedKernel(_gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise))
+    else:
+      self.kernel = nnx.Param(w)
     self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype))
                  if use_bias else None)
     init_recipe = self._recipe() or (qinit.recipe if qinit is not None else None)
