@@ -24,10 +24,9 @@ of both dtypes); a smaller element, which only occurs in blocks whose scale is n
 2^-127, may be lost: XLA's CPU flushes subnormals. So |out - exact| <= the sum of
 |a_k b_k| over such elements, plus f32 accumulation rounding (tests/test_dot_vs_oracle.py).
 XLA's CPU runtime rejects a bf16 x bf16 -> f32 dot in some layouts ("Unsupported element
-type for DotThunk::Execute"): where a transpose of the result is folded in, and where an
-operand contracts its first dim under vmap (an ensemble's weight gradient). So with bf16
-operands the CPU product takes them as `[*B, free, K] . [*B, K, free]`, transposed ahead
-of time, and optimization barriers keep XLA from folding transposes back into the dot.
+type for DotThunk::Execute"): where a transpose of the result is folded in (so the product
+sits behind an optimization barrier), and, under vmap, where the lhs contracts its first
+dim (an ensemble's weight gradient: that lhs is then transposed ahead of the dot).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import contraction, formats, sharding
@@ -256,30 +256,49 @@ def _product(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
   dim]`.
 
   Both operands are dequantized (exactly) to the dtype the platform's GEMM is faster at:
-  bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster; bf16
-  operands on CPU in canonical form (see the module docstring).
+  bf16, except on CPUs without bf16 dot instructions, where XLA's f32 GEMM is faster.
   """
-  batch = tuple(range(a.ndim - 2))
-  n = len(batch)
+  def with_operands(dtype, dot):
+    return lambda: dot(a.dequantize(dtype), b.dequantize(dtype))
 
-  def with_operands(dtype, canonical: bool):
-    def product():
-      a_x, b_x = a.dequantize(dtype), b.dequantize(dtype)
-      contract_a, contract_b = contract
-      if canonical:  # a [*B, free, K] . b [*B, K, free], the barrier keeps the transposes
-        if contract_a == 0:
-          a_x, contract_a = jnp.swapaxes(a_x, -1, -2), 1
-        if contract_b == 1:
-          b_x, contract_b = jnp.swapaxes(b_x, -1, -2), 0
-        a_x, b_x = lax.optimization_barrier((a_x, b_x))
-      dims = (((n + contract_a,), (n + contract_b,)), (batch, batch))
-      return lax.optimization_barrier(lax.dot_general(
-          a_x, b_x, dims, preferred_element_type=jnp.float32, out_sharding=out_sharding))
-    return product
-
+  dot = functools.partial(_dot, contract=contract, out_sharding=out_sharding)
   cpu_dtype = cpu_operand_dtype()
-  return lax.platform_dependent(cpu=with_operands(cpu_dtype, cpu_dtype == jnp.bfloat16),
-                                default=with_operands(jnp.bfloat16, False))
+  cpu_dot = _cpu_bf16_dot(contract, out_sharding) if cpu_dtype == jnp.bfloat16 else dot
+  return lax.platform_dependent(cpu=with_operands(cpu_dtype, cpu_dot),
+                                default=with_operands(jnp.bfloat16, dot))
+
+
+def _dot(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
+  """f32-accumulated `lax.dot_general` of `[*B, X, Y]` arrays contracting the last-two-dims
+  positions `contract`, behind an optimization barrier (see the module docstring)."""
+  batch = tuple(range(a.ndim - 2))
+  dims = (((len(batch) + contract[0],), (len(batch) + contract[1],)), (batch, batch))
+  return lax.optimization_barrier(lax.dot_general(
+      a, b, dims, preferred_element_type=jnp.float32, out_sharding=out_sharding))
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_bf16_dot(contract: tuple[int, int], out_sharding=None):
+  """`_dot` for bf16 operands on CPU. Under vmap, an lhs that contracts its first dim (the
+  weight gradient's `q(lhs, M)^T`) is transposed first, behind a barrier: XLA's CPU
+  rejects the batched dot otherwise (see the module docstring). Unbatched, XLA's own
+  handling of the transposed operand is faster (it converts or reads it in place)."""
+
+  @custom_vmap
+  def dot(a, b):
+    return _dot(a, b, contract, out_sharding)
+
+  @dot.def_vmap
+  def _batched(axis_size, in_batched, a, b):
+    del axis_size
+    c = contract
+    if c[0] == 0:
+      a, c = lax.optimization_barrier(jnp.swapaxes(a, -1, -2)), (1, c[1])
+    in_axes = tuple(0 if batched else None for batched in in_batched)
+    return jax.vmap(functools.partial(_dot, contract=c, out_sharding=out_sharding),
+                    in_axes=in_axes)(a, b), True
+
+  return dot
 
 
 def _out_groups(config: _DotConfig) -> list[tuple[int, ...]]:
