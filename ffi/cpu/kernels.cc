@@ -54,7 +54,7 @@ Tile tile_of(int64_t u, int64_t nb, int64_t inner) {
 }
 
 // The tiles of work units u + 1 and u + 2 (< end) of x ([outer, n, inner] of T, in tiles of
-// block 32 (kTileRows) rows), for u's tile to fetch (see TileAhead).
+// block 32 (kTileRows) rows), for u's tile to fetch (see TileAheadOf).
 template <class T>
 cpu::TileAheadOf<T> tiles_ahead(const void* x, int64_t n, int64_t inner, int64_t u,
                                 int64_t end) {
@@ -65,7 +65,7 @@ cpu::TileAheadOf<T> tiles_ahead(const void* x, int64_t n, int64_t inner, int64_t
     if (t.c1 - t.c0 < kUnitCols || (t.j + 1) * rows > n) return nullptr;
     return static_cast<const T*>(x) + (t.o * n + t.j * rows) * inner + t.c0;
   };
-  return {whole(u + 1), whole(u + 2)};
+  return {whole(u + 1), whole(u + 2), inner};
 }
 
 #if defined(MXJAX_HAVE_SIMD512)
@@ -153,12 +153,13 @@ void row_out(const typename In::T* x, int64_t n, int64_t b0, int64_t b1, int blo
 // rows `ld` apart), scales at their scale row. In passes over whole rows (the rows of a wide
 // x alias in L1; row by row, every line is used whole): column amax, scales, encode.
 // `stream`: data and scales go out with streaming stores (whole lines: see col_stream). The
-// encode pass fetches the tiles `ahead` line by line (offsets in rows of xld). Returns a bit
-// per strip that the scalar path must do (its data and scales undefined).
-template <class F>
+// encode pass fetches the tiles `ahead` (of x's inputs: bf16, or the f32 / f16 that x was
+// narrowed from) block by block. Returns a bit per strip that the scalar path must do (its
+// data and scales undefined).
+template <class F, class T>
 uint64_t col_strips_bf16(const uint16_t* x, int64_t xld, int rows, int strips, int32_t mode,
                          uint8_t* data, int64_t ld, uint8_t* scales, bool stream,
-                         const cpu::TileAhead& ahead) {
+                         const cpu::TileAheadOf<T>& ahead) {
   constexpr int W = simd::kStripCols;
   static_assert(kUnitCols / W <= 64);
   simd::Vec amax[kUnitCols / W];
@@ -178,7 +179,7 @@ uint64_t col_strips_bf16(const uint16_t* x, int64_t xld, int rows, int strips, i
     for (int j = 0; j < strips; ++j) {
       static_assert(W * sizeof(uint16_t) == 64);  // a strip's row: one line
       for (int i = 0; i < F::group_codes && r + i < rows; ++i) {
-        cpu::fetch_ahead(ahead, (r + i) * xld + j * W);
+        cpu::fetch_ahead(ahead, r + i, j * W);
       }
       simd::strip_encode<F>(x + r * xld + j * W, xld, rows - r, scale[j], out + j * W, ld,
                             stream);
@@ -194,9 +195,9 @@ uint64_t col_strips_bf16(const uint16_t* x, int64_t xld, int rows, int strips, i
 // which was faster on a Zen 4 (512-bit ops in two halves) in and out of cache: one thread,
 // 2048 x 8192 bf16 with streaming stores, Gelem/s 256-bit / 512-bit tile: e2m1 3.2-3.5 /
 // 2.4-2.6, e3m2 3.0 / 1.6, e2m3 2.8 / 2.4, e4m3 2.3-2.6 / 2.6.
-template <class F>
+template <class F, class T>
 uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                       const cpu::Tile2xOut& o, const cpu::TileAhead& ahead) {
+                       const cpu::Tile2xOut& o, const cpu::TileAheadOf<T>& ahead) {
 #ifdef MXJAX_HAVE_SIMD512
   if constexpr (F::bits == 8) return simd512::tile_2x<F>(x, ld, rows, nblk, mode, o, ahead);
 #endif
@@ -206,7 +207,7 @@ uint32_t level_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_
 // quantize_2x of a block-32 tile: rows [0, rows) (<= 32) of x, rows k apart, columns
 // [c0, c1) (c1 - c0 <= kUnitCols); row_data / row_scales at the tile's first row (rows sk and
 // nbk apart), col_data / col_scales at its first storage row (columns k apart); the tiles
-// `ahead` fetched (bf16). level_tile_2x on x's whole blocks (f32 / f16: on RO(x), bf16_odd.h,
+// `ahead` fetched. level_tile_2x on x's whole blocks (f32 / f16: on RO(x), bf16_odd.h,
 // then scalar_block for the rowwise blocks that redo_from_x), then quantize.h's templates
 // for the strips it returns and the ragged ends (a last block shorter than 32, columns past
 // the last whole block).
@@ -226,8 +227,8 @@ void tile_2x_simd(const typename In::T* x, int64_t k, int rows, int64_t c0, int6
     slow = level_tile_2x<F>(x + c0, k, rows, nblk, mode, out, ahead);
   } else {
     alignas(64) uint16_t xb[cpu::kTileRows * kUnitCols];
-    tile_to_bf16_odd<In>(x + c0, k, rows, 32 * int64_t(nblk), xb, ahead);
-    slow = level_tile_2x<F>(xb, 32 * int64_t(nblk), rows, nblk, mode, out, {});
+    tile_to_bf16_odd<In>(x + c0, k, rows, 32 * int64_t(nblk), xb);
+    slow = level_tile_2x<F>(xb, 32 * int64_t(nblk), rows, nblk, mode, out, ahead);
     bool fenced = !row_stream;  // the rows' streamed bytes, before scalar_block rewrites them
     for (int r = 0; r < rows; ++r) {
       for (int64_t j = b0; j < full; ++j) {
@@ -270,9 +271,9 @@ void col_tile(const typename In::T* x, int64_t ld, int rows, int64_t c0, int64_t
                                   stream, ahead);
     } else {  // from RO(x) (bf16_odd.h): the strips it marks are those redo_from_x
       alignas(64) uint16_t xb[cpu::kTileRows * kUnitCols];
-      tile_to_bf16_odd<In>(x + c0, ld, rows, int64_t(strips) * W, xb, ahead);
+      tile_to_bf16_odd<In>(x + c0, ld, rows, int64_t(strips) * W, xb);
       scalar = col_strips_bf16<F>(xb, int64_t(strips) * W, rows, strips, mode, data + c0, ld,
-                                  scales + c0, stream, {});
+                                  scales + c0, stream, ahead);
     }
     if (stream && scalar) stream_fence();  // the scalar path below rewrites streamed bytes
     for (; scalar; scalar &= scalar - 1) {

@@ -29,7 +29,7 @@ namespace simd256 {
 using cpu::kTileBlocks;
 using cpu::kTileRows;
 using cpu::Tile2xOut;
-using cpu::TileAhead;
+using cpu::TileAheadOf;
 
 // The codes of the 32 bf16 at x (a rowwise block, a row of a column strip) for the block's
 // Scale rs (*rc) and for the strip's column Scales cs (*cc), as block_codes makes them.
@@ -61,10 +61,10 @@ inline void codes_2x(const uint16_t* x, const Scale& rs, const StripScale& cs, _
 // kTileBlocks blocks). Per storage group of rows (F::group_codes) and block (FP4: pair of
 // blocks, one rowwise store), each row's codes are stored rowwise at once and the group's
 // column codes after its last row; the same lines of the tiles `ahead` fetched.
-template <class F, bool kSaturate, bool kFull>
+template <class F, bool kSaturate, bool kFull, class T>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const Group (*g)[kTileBlocks / 8], const StripScale* cs, const Tile2xOut& o,
-                    const TileAhead& ahead) {
+                    const TileAheadOf<T>& ahead) {
   constexpr int G = F::group_codes;
   constexpr int kStep = F::bits == 4 ? 2 : 1;
   constexpr int64_t bs = block_storage<F>(32);
@@ -89,7 +89,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
       for (int i = 0; i < G; ++i) {
         if (i < live) {
           const uint16_t* xr = x + (r + i) * ld + 32 * j;
-          for (int q = 0; q <= pair; ++q) cpu::fetch_ahead(ahead, (r + i) * ld + 32 * (j + q));
+          for (int q = 0; q <= pair; ++q) cpu::fetch_ahead(ahead, r + i, 32 * (j + q));
           const GroupScales& gs = g[r + i][j / 8].scales;
           __m256i rc[kStep];
           for (int q = 0; q <= pair; ++q) {
@@ -126,9 +126,9 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
 // kTileRows) rows `ld` apart at x, to o, fetching the tiles `ahead` in the second pass.
 // Returns a bit per column strip that the scalar path must do (its scale bytes and data
 // undefined); the rowwise blocks are all done.
-template <class F>
+template <class F, class T>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, const TileAhead& ahead) {
+                 const Tile2xOut& o, const TileAheadOf<T>& ahead) {
   Group g[kTileRows][kTileBlocks / 8];
   Vec amax[kTileBlocks];
   for (int j = 0; j < nblk; ++j) amax[j] = Vec{};
@@ -150,10 +150,10 @@ uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode
   asm("" : "+m"(g));
   const bool full = rows == kTileRows && nblk == kTileBlocks;
   if (mode == kRceil) {
-    (full ? encode_tile_2x<F, false, true> : encode_tile_2x<F, false, false>)(
+    (full ? encode_tile_2x<F, false, true, T> : encode_tile_2x<F, false, false, T>)(
         x, ld, rows, nblk, mode, g, cs, o, ahead);
   } else {
-    (full ? encode_tile_2x<F, true, true> : encode_tile_2x<F, true, false>)(
+    (full ? encode_tile_2x<F, true, true, T> : encode_tile_2x<F, true, false, T>)(
         x, ld, rows, nblk, mode, g, cs, o, ahead);
   }
   return slow;

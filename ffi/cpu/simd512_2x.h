@@ -30,18 +30,18 @@ namespace simd512 {
 using cpu::kTileBlocks;
 using cpu::kTileRows;
 using cpu::Tile2xOut;
-using cpu::TileAhead;
+using cpu::TileAheadOf;
 
 // tile_2x's second pass, with the first's rowwise Scale biases (bias[r][j]: block j of row r,
 // see block_biases) and scalar-path blocks (slow[r], bit j), and the strips' Scales cs. Per
 // storage group of rows and kPackBlocks<F> blocks: each row's blocks encoded with both
 // scales, its rowwise codes stored at once, the strips' codes once the group's rows are done;
 // the same lines of the tiles `ahead` fetched.
-template <class F>
+template <class F, class T>
 void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
                     const int32_t (*bias)[kTileBlocks], const uint16_t* slow, const Scale* cs,
                     // copies: the byte stores may alias a reference's
-                    const Tile2xOut o, const TileAhead ahead) {
+                    const Tile2xOut o, const TileAheadOf<T> ahead) {
   constexpr int G = F::group_codes;
   constexpr int P = kPackBlocks<F>;
   constexpr int64_t bs = block_storage<F>(32);
@@ -62,7 +62,7 @@ void encode_tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t m
           continue;
         }
         const uint16_t* xr = x + (r + i) * ld + 32 * j;
-        for (int q = 0; q < nb; ++q) cpu::fetch_ahead(ahead, (r + i) * ld + 32 * (j + q));
+        for (int q = 0; q < nb; ++q) cpu::fetch_ahead(ahead, r + i, 32 * (j + q));
         __m512i rc[P];
         constexpr int16_t kNormal = 1 << F::man_bits;
         __m512i lowest = _mm512_set1_epi16(kNormal);  // encode32_normal's min r
@@ -135,9 +135,9 @@ __attribute__((always_inline)) inline void scan_rows(const uint16_t* x, int64_t 
 // memory would idle otherwise: from the first, the FP8 tile ran 12-15% slower out of cache
 // on a Zen 4 once its encodes got faster). Returns a bit per column strip that the scalar
 // path must do (its scale bytes and data undefined); the rowwise blocks are all done.
-template <class F>
+template <class F, class T>
 uint32_t tile_2x(const uint16_t* x, int64_t ld, int rows, int nblk, int32_t mode,
-                 const Tile2xOut& o, const TileAhead& ahead) {
+                 const Tile2xOut& o, const TileAheadOf<T>& ahead) {
   alignas(64) int32_t bias[kTileRows][kTileBlocks];
   uint16_t slow[kTileRows];
   __m512i amax[kTileBlocks];
