@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from mxjax import context, linen as mxl, state as state_lib
+from mxjax.mxarray import MXArray
 from mxjax.quantize import fake_quantize
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling)
@@ -298,7 +299,6 @@ def test_mxfp8_training_matches_f32():
 
 
 def _mxarrays(tree):
-  from mxjax.mxarray import MXArray
   leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
   return [a for a in leaves if isinstance(a, MXArray)]
 
