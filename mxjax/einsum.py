@@ -27,7 +27,7 @@ from mxjax import formats
 from mxjax.dot import _named, _operand_info, dot_general
 
 
-def einsum(subscripts: str, a, b, *, fwd_format="e4m3", bwd_format="e5m2",
+def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
            block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil",
            preferred_element_type=None, out_sharding=None) -> jax.Array:
   """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
@@ -35,8 +35,8 @@ def einsum(subscripts: str, a, b, *, fwd_format="e4m3", bwd_format="e5m2",
   Args:
     subscripts: a two-operand equation as `jnp.einsum` takes it, e.g. "bqhd,bkhd->bhqk",
       "...ij,jk", "bij,bjk->bki" (ellipses, implicit output and repeated indices allowed).
-    a, b: bfloat16 / float16 / float32 arrays (or MXArrays, as `dot_general` takes them,
-      when no index needs to be taken out of them first).
+    *operands: two bfloat16 / float16 / float32 arrays `a, b` (or MXArrays, as
+      `dot_general` takes them, when no index needs to be taken out of them first).
     fwd_format, bwd_format, block_size, scale_mode, preferred_element_type: as in
       `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's own
       contraction in the forward, dgrad and wgrad).
@@ -47,6 +47,11 @@ def einsum(subscripts: str, a, b, *, fwd_format="e4m3", bwd_format="e5m2",
     The array `jnp.einsum(subscripts, a, b)` would give, in the operands' result dtype
     (or `preferred_element_type`).
   """
+  if len(operands) != 2:
+    raise TypeError(f"mxjax.einsum takes exactly two operands, got {len(operands)}: contract "
+                    "more of them with one call per pair")
+  a, b = operands
+
   def mx_dot(a, b, dims, out_sharding=None):
     return dot_general(a, b, dims, fwd_format=fwd_format, bwd_format=bwd_format,
                        block_size=block_size, scale_mode=scale_mode,

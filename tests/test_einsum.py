@@ -127,3 +127,10 @@ def test_bad_subscripts_are_clear_errors(subscripts, message):
 def test_mismatched_sizes_are_a_clear_error():
   with pytest.raises(ValueError, match="index 'j'.*sizes 32 and 16"):
     mxjax.einsum("ij,jk->ik", np.ones((4, 32), np.float32), np.ones((16, 5), np.float32))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_other_than_two_operands_is_a_clear_error(count):
+  operands = [np.ones((32, 32), np.float32)] * count
+  with pytest.raises(TypeError, match=f"exactly two operands, got {count}"):
+    mxjax.einsum("ij,jk,kl->il" if count == 3 else "ij->ji", *operands)
