@@ -138,6 +138,47 @@ def test_quantized_kernel_runs_under_matching_recipe_and_dequantizes_when_off():
     model.apply(without, x)
 
 
+class _ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return x + mxl.Dense(64, use_bias=False)(x), None
+
+
+def _scanned(variable_axes):
+  class Stack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layers = nn.scan(_ScanBlock, variable_axes=variable_axes, split_rngs={"params": True},
+                       length=2)
+      return layers()(x, None)[0]
+  return Stack()
+
+
+def test_quantized_kernels_under_nn_scan():
+  """Under a lifted transform the frozen kernels' collection must be given to it, as the
+  params are: without it the error says so; with it the stacked layers run as unrolled
+  ones with the same kernels."""
+  x = jax.random.normal(jax.random.key(1), (4, 64))
+  recipe = MXFP8BlockScaling()
+  with context.quantized_model_init(recipe=recipe):
+    with pytest.raises(ValueError, match="'mx_kernels'.*lifted transform.*variable_axes"):
+      _scanned({"params": 0}).init(jax.random.key(0), x)
+    variables = _scanned({"params": 0, context.QUANTIZED_KERNELS: 0, "mx_state": 0}).init(
+        jax.random.key(0), x)
+  (layers,) = variables[context.QUANTIZED_KERNELS].values()
+  kernel = layers["Dense_0"]["kernel"]
+  assert isinstance(kernel[0], MXArray) and kernel[0].shape == (2, 64, 64)
+  with context.autocast(recipe=recipe):
+    out = _scanned({"params": 0, context.QUANTIZED_KERNELS: 0, "mx_state": 0}).apply(
+        variables, x)
+    expected = x
+    for i in range(2):
+      layer = jax.tree.map(lambda a: a[i], kernel)
+      expected = expected + mxl.Dense(64, use_bias=False).apply(
+          {context.QUANTIZED_KERNELS: {"kernel": layer}}, expected)
+  np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
 class _Net(nn.Module):
 
   @nn.compact

@@ -107,6 +107,12 @@ class DenseGeneral(nn.Module):
       return self.variable(collection, "kernel").value
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
+      if not self.is_mutable_collection(collection):
+        raise ValueError(
+            f"{_module_path(self)}: quantized_model_init stores its kernel in the collection "
+            f"'{collection}', which is not mutable here: inside a lifted transform (nn.scan, "
+            f"nn.vmap, ...) give it to the transform too (e.g. nn.scan's variable_axes="
+            f"{{'params': 0, '{collection}': 0}}).")
       def quantized_init(key, shape, dtype):
         w = self.kernel_init(key, shape, dtype).reshape(shape_2d)
         return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
