@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import contraction, formats, sharding
@@ -65,6 +66,9 @@ class _DotConfig:
   lhs_sharding: Any = None
   rhs_sharding: Any = None
   out_sharding: Any = None
+  # Whether each operand is an array (differentiable), not MXArrays (constants).
+  lhs_array: bool = True
+  rhs_array: bool = True
 
 
 def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4m3",
@@ -108,7 +112,8 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
     formats.check_block_size(block_size, fmt)
   config = _DotConfig(lhs_layout, rhs_layout, fwd.name, bwd.name, int(block_size),
                       formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1],
-                      _typed_sharding(lhs), _typed_sharding(rhs), _named(out_sharding))
+                      _typed_sharding(lhs), _typed_sharding(rhs), _named(out_sharding),
+                      not isinstance(lhs, (MXArray, tuple)), not isinstance(rhs, (MXArray, tuple)))
   # Under shard_map, an operand replicated over an axis the other varies over is cast to
   # varying here, outside the custom VJP: the cast's transpose psums its gradient.
   return _mx_dot(config, *sharding.vary_alike(lhs, rhs))
@@ -330,34 +335,44 @@ def _forward(config: _DotConfig, lhs, rhs, for_backward: bool):
 
 
 def _mx_dot_fwd(config, lhs, rhs):
-  out, saved = _forward(config, lhs, rhs, for_backward=True)
-  return out, (saved, _zero_cotangent(lhs), _zero_cotangent(rhs))
+  lhs, rhs = _primal(lhs, "lhs"), _primal(rhs, "rhs")
+  return _forward(config, lhs, rhs, for_backward=True)
 
 
 def _mx_dot_bwd(config: _DotConfig, residuals, g):
-  (lhs_m, rhs_n), lhs_zero, rhs_zero = residuals
+  """(dlhs, drhs); None (a symbolic zero) for MXArray operands, and for both where g is."""
+  if isinstance(g, SymbolicZero):
+    return None, None
+  lhs_m, rhs_n = residuals
   g = contraction.merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
   g_n, g_m = quantize_2x(g, config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).
-  dlhs = lhs_zero
-  if dlhs is None:
+  dlhs = drhs = None
+  if config.lhs_array:
     dlhs = _product(g_n, rhs_n, (1, 1), config.lhs.canonical_sharding(config.lhs_sharding))
     dlhs = _reshard(config.lhs.from_canonical(dlhs).astype(config.lhs_dtype),
                     config.lhs_sharding)
-  drhs = rhs_zero
-  if drhs is None:
+  if config.rhs_array:
     drhs = _product(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding))
     drhs = _reshard(config.rhs.from_canonical(drhs).astype(config.rhs_dtype),
                     config.rhs_sharding)
   return dlhs, drhs
 
 
-def _zero_cotangent(x):
-  """Zero cotangents for MXArray operands (not differentiable); None for arrays."""
-  if isinstance(x, (MXArray, tuple)):
-    return jax.tree.map(lambda a: _reshard(jnp.zeros_like(a), sharding.explicit_sharding(a)), x)
-  return None
+def _primal(x, name: str):
+  """An operand of `_mx_dot_fwd` without its `CustomVJPPrimal` wrappers (symbolic zeros).
+  Differentiating with respect to an MXArray operand is refused: E8M0 scales have no zero,
+  so its cotangent could only be NaN."""
+  is_primal = lambda leaf: isinstance(leaf, CustomVJPPrimal)  # noqa: E731
+  leaves = jax.tree.leaves(x, is_leaf=is_primal)
+  if isinstance(x, (MXArray, tuple)) and any(leaf.perturbed for leaf in leaves):
+    raise TypeError(
+        f"mxjax.dot_general: differentiating with respect to the MXArray {name}: MXArray "
+        "operands are constants (their E8M0 scales have no zero cotangent). Differentiate "
+        "the high-precision array it was quantized from, or keep the MXArray out of the "
+        "differentiated arguments (close over it).")
+  return jax.tree.map(lambda leaf: leaf.value, x, is_leaf=is_primal)
 
 
-_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd)
+_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd, symbolic_zeros=True)

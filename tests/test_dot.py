@@ -88,6 +88,25 @@ def test_prequantized_pair_supplies_the_backward_copy():
   assert bool(jnp.all(dx_pair == dx_hp))  # same quantizations, made ahead of time
 
 
+def test_mxarray_operands_are_constants():
+  """Differentiating with respect to an MXArray is refused (E8M0 scales have no zero
+  cotangent, so it could only be NaN); closed over, it is a constant, and an output whose
+  cotangent is zero (here: only in the aux) needs no backward product."""
+  x = jax.random.normal(jax.random.key(0), (64, 96), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (96, 32), jnp.float32)
+  w_q = mxjax.quantize(w, "e4m3", axis=0)
+  pair = mxjax.quantize_2x(w, "e4m3", axes=(0, 1))
+  for weight, name in ((w_q, "rhs"), (pair, "rhs")):
+    with pytest.raises(TypeError, match=f"with respect to the MXArray {name}.*constants"):
+      jax.grad(lambda v: mxjax.matmul(x, v).sum())(weight)
+  with pytest.raises(TypeError, match="with respect to the MXArray lhs"):
+    jax.grad(lambda v: mxjax.matmul(v, w).sum())(mxjax.quantize(x, "e4m3", axis=1))
+  dx = jax.grad(lambda x: mxjax.matmul(x, pair).sum())(x)
+  assert bool(jnp.all(dx == jax.grad(lambda x: mxjax.matmul(x, w).sum())(x)))
+  g, aux = jax.grad(lambda x: (jnp.sum(x), mxjax.matmul(x, w)), has_aux=True)(x)
+  assert bool(jnp.all(g == 1.0)) and bool(jnp.all(aux == mxjax.matmul(x, w)))
+
+
 def test_errors_are_clear():
   x = jnp.ones((4, 32), jnp.float32)
   with pytest.raises(ValueError, match="contracting dimension sizes differ"):
