@@ -81,9 +81,8 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
       along their (single) contracting dimension, used as they are. An operand may also
       be a pair `(along_contraction, along_free)` of MXArrays, as `quantize_2x` makes for
       a 2-D weight; the second is used for the other operand's gradient. MXArray operands
-      are constants: keep them out of what you differentiate (their cotangents are zeros,
-      NaN for the E8M0 scales, which have no zero; `quantized_model_init` keeps its
-      kernels out of the params for this reason).
+      are constants: differentiating with respect to one is a TypeError (E8M0 scales have
+      no zero cotangent; `quantized_model_init` keeps its kernels out of the params).
     dimension_numbers: `((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))` as
       in `lax.dot_general`; any number of contracting and batch dims, any order.
     fwd_format: element format of both operands in the forward product.
