@@ -205,7 +205,7 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
     names turn manual. Over the mesh's other axes the operands are replicated (Explicit,
     by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
     the Shardy rule of `op` applies to them inside)."""
-    operands = [jax.sharding.reshard(a, pspec) for a in args]
+    operands = [jax.sharding.reshard(a, NamedSharding(mesh, pspec)) for a in args]
     names = {name for entry in pspec for name in _names(entry)}
     if not names:
       return op(*operands)

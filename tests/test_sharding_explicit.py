@@ -343,3 +343,23 @@ def test_stock_flax_layers_through_mxjax_on_an_explicit_mesh():
   assert not bool(jnp.all(got == hp))  # it is the MX product
   assert spec_of(got_nnx) == ("data", None)
   np.testing.assert_allclose(got_nnx, want_nnx, rtol=1e-5, atol=1e-4)
+
+
+def test_ops_on_explicit_arrays_outside_set_mesh():
+  """Arrays placed on an Explicit mesh carry it in their types: the ops run outside
+  `jax.set_mesh` as jnp does there, with the same bits and shardings as inside it."""
+  mesh = make_mesh("explicit")
+  x = put(jax.random.normal(jax.random.key(1), (64, 96), jnp.float32), mesh, P("data", None))
+  w = jax.random.normal(jax.random.key(2), (96, 32), jnp.float32)
+  ops = {
+      "quantize": lambda: mxjax.quantize(x).dequantize(),
+      "fake_quantize": lambda: mxjax.fake_quantize(x),
+      "matmul": lambda: mxjax.matmul(x, w),
+      "jit": lambda: jax.jit(lambda a: mxjax.quantize(a, "e2m1").dequantize())(x),
+  }
+  for name, op in ops.items():
+    outside = op()
+    with jax.set_mesh(mesh):
+      inside = op()
+    assert spec_of(outside) == spec_of(inside) == ("data", None), name
+    np.testing.assert_array_equal(bits(outside), bits(inside), err_msg=name)
