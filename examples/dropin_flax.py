@@ -114,7 +114,7 @@ def main(argv=None):
     losses[name], val[name] = train(model, params, data, recipe, rules, args.steps, tx)
     print(f"{name}: {args.steps} steps in {time.perf_counter() - start:.1f} s")
   print(f"\n{'step':>6} " + " ".join(f"{n:>10}" for n in runs))
-  for i in list(range(0, args.steps, args.every)) + [args.steps - 1]:
+  for i in sorted({*range(0, args.steps, args.every), args.steps - 1}):
     print(f"{i:>6} " + " ".join(f"{losses[n][i]:10.4f}" for n in runs))
   print("validation loss: " + ", ".join(f"{n} {v:.4f}" for n, v in val.items()) +
         f" (mxfp8 {100 * (val['mxfp8'] / val['bf16'] - 1):+.2f}%, tier {args.tier})")

@@ -108,8 +108,9 @@ def main(argv=None):
   print(f"\n{'step':>6} " + " ".join(f"{n:>12}" for n in names))
   for i in range(0, args.steps, args.every):
     print(f"{i:>6} " + " ".join(f"{losses[n][i]:12.4f}" for n in names))
-  last = {n: sum(losses[n][-10:]) / 10 for n in names}
-  print("mean of the last 10 steps: " + ", ".join(f"{n} {v:.4f}" for n, v in last.items()))
+  tail = min(10, args.steps)
+  last = {n: sum(losses[n][-tail:]) / tail for n in names}
+  print(f"mean of the last {tail} steps: " + ", ".join(f"{n} {v:.4f}" for n, v in last.items()))
 
 
 if __name__ == "__main__":
