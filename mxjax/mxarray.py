@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
+import flax.serialization
 import jax
 import jax.numpy as jnp
 
@@ -85,3 +86,14 @@ class MXArray:
 
 def _nbytes(a) -> int:
   return math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+
+
+# Flax's checkpoint route (`flax.serialization.to_bytes` / `from_bytes`, `to_state_dict` /
+# `from_state_dict`): an MXArray's state is its two arrays; the static metadata comes from
+# the restore target, as for any pytree node.
+flax.serialization.register_serialization_state(
+    MXArray,
+    lambda a: {"data": a.data, "scales": a.scales},
+    lambda target, state: dataclasses.replace(
+        target, data=flax.serialization.from_state_dict(target.data, state["data"]),
+        scales=flax.serialization.from_state_dict(target.scales, state["scales"])))

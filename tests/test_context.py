@@ -1,6 +1,7 @@
 """mxjax.context: autocast / get_recipe / quantized_model_init, and jit re-tracing."""
 
 import flax.linen as nn
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,6 +137,26 @@ def test_quantized_kernel_runs_under_matching_recipe_and_dequantizes_when_off():
   without = {k: v for k, v in variables.items() if k != context.QUANTIZED_KERNELS}
   with pytest.raises(ValueError, match="finds no kernel in 'params' or 'mx_kernels'"):
     model.apply(without, x)
+
+
+def test_quantized_kernels_round_trip_flax_serialization():
+  """Flax's checkpoint route keeps every collection of a model with quantized kernels:
+  bytes and state dicts restore into the initialized variables bit for bit."""
+  x = jax.random.normal(jax.random.key(2), (4, 64))
+  model = mxl.Dense(32)
+  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+    variables = model.init(jax.random.key(0), x)
+  restored = [flax.serialization.from_bytes(variables, flax.serialization.to_bytes(variables)),
+              flax.serialization.from_state_dict(variables, flax.serialization.msgpack_restore(
+                  flax.serialization.msgpack_serialize(
+                      flax.serialization.to_state_dict(variables))))]
+  with context.autocast(recipe=MXFP8BlockScaling()):
+    expected = model.apply(variables, x)
+    for r in restored:
+      assert jax.tree.structure(r) == jax.tree.structure(variables)
+      for a, b in zip(jax.tree.leaves(r), jax.tree.leaves(variables), strict=True):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+      np.testing.assert_array_equal(model.apply(r, x), expected)
 
 
 class _ScanBlock(nn.Module):
