@@ -138,6 +138,21 @@ def test_set_kernels_retraces_jitted_functions(restore_kernels):
   assert "C++ FFI kernels" in mxjax.backend_info()["ops"]["quantize"]
 
 
+@needs_cpu_kernels
+def test_export_under_xla_kernels(restore_kernels):
+  """jax.export refuses the FFI custom calls (no compatibility guarantee); under
+  set_kernels("xla") (the README's way) the exported product runs with the FFI's bits."""
+  x = jax.random.normal(jax.random.key(0), (64, 96), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (96, 32), jnp.float32)
+  backend.set_kernels("auto")
+  want = jax.jit(lambda x, w: mxjax.matmul(x, w))(x, w)
+  with pytest.raises(ValueError, match="custom calls"):
+    jax.export.export(jax.jit(lambda x, w: mxjax.matmul(x, w)))(x, w)
+  backend.set_kernels("xla")
+  exported = jax.export.export(jax.jit(lambda x, w: mxjax.matmul(x, w)))(x, w)
+  np.testing.assert_array_equal(exported.call(x, w), want)
+
+
 def test_bad_kernel_setting_is_an_error(restore_kernels):
   with pytest.raises(ValueError, match=r"set_kernels.*'auto', 'ffi', 'xla'.*'cuda'"):
     backend.set_kernels("cuda")
