@@ -112,7 +112,7 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   config = _DotConfig(lhs_layout, rhs_layout, fwd.name, bwd.name, int(block_size),
                       formats.scale_mode(scale_mode).value, out_dtype, lhs_info[1], rhs_info[1],
                       _typed_sharding(lhs), _typed_sharding(rhs), _named(out_sharding),
-                      not isinstance(lhs, (MXArray, tuple)), not isinstance(rhs, (MXArray, tuple)))
+                      _is_array(lhs), _is_array(rhs))
   # Under shard_map, an operand replicated over an axis the other varies over is cast to
   # varying here, outside the custom VJP: the cast's transpose psums its gradient.
   return _mx_dot(config, *sharding.vary_alike(lhs, rhs))
@@ -139,9 +139,14 @@ def matmul(a, b, **kwargs) -> jax.Array:
 # ---------------------------------------------------------------------------------------
 
 
+def _is_array(x) -> bool:
+  """Whether an operand is an array (differentiable), not an MXArray or an MXArray pair."""
+  return not isinstance(x, (MXArray, tuple))
+
+
 def _typed_sharding(x) -> NamedSharding | None:
   """x's sharding when its mesh has Explicit axes (arrays only), else None."""
-  return None if isinstance(x, (MXArray, tuple)) else sharding.explicit_sharding(x)
+  return sharding.explicit_sharding(x) if _is_array(x) else None
 
 
 def _named(out_sharding) -> NamedSharding | None:
@@ -197,10 +202,9 @@ def _canonical_operands(config: _DotConfig, lhs, rhs):
   """The array operands in canonical form (MXArrays as they are). Under Explicit axes an
   operand whose contraction is split over an axis the other one splits another dim over
   (FSDP) is moved first, once (`sharding.unshared_contraction`)."""
-  arrays = [not isinstance(x, (MXArray, tuple)) for x in (lhs, rhs)]
-  lhs_c = config.lhs.to_canonical(lhs) if arrays[0] else lhs
-  rhs_c = config.rhs.to_canonical(rhs) if arrays[1] else rhs
-  if not all(arrays):
+  lhs_c = config.lhs.to_canonical(lhs) if config.lhs_array else lhs
+  rhs_c = config.rhs.to_canonical(rhs) if config.rhs_array else rhs
+  if not (config.lhs_array and config.rhs_array):
     return lhs_c, rhs_c
   specs = [sharding.typed_spec(a) for a in (lhs_c, rhs_c)]
   if None in specs:
@@ -365,7 +369,7 @@ def _primal(x, name: str):
   so its cotangent could only be NaN."""
   is_primal = lambda leaf: isinstance(leaf, CustomVJPPrimal)  # noqa: E731
   leaves = jax.tree.leaves(x, is_leaf=is_primal)
-  if isinstance(x, (MXArray, tuple)) and any(leaf.perturbed for leaf in leaves):
+  if not _is_array(x) and any(leaf.perturbed for leaf in leaves):
     raise TypeError(
         f"mxjax.dot_general: differentiating with respect to the MXArray {name}: MXArray "
         "operands are constants (their E8M0 scales have no zero cotangent). Differentiate "
