@@ -78,6 +78,12 @@ class MXArray:
     from mxjax.quantize import dequantize  # quantize.py builds on this file
     return dequantize(self, dtype)
 
+  def __array__(self, dtype=None, copy=None):
+    # Without this, np.asarray(mx) silently makes a 0-d object array and jnp.asarray(mx)
+    # fails with an unrelated message.
+    raise TypeError(f"{self!r} is block-scaled; it has no single array value until "
+                    f"decoded: call .dequantize(dtype) for a bf16 / f16 / f32 array.")
+
   def __repr__(self) -> str:
     return (f"MXArray(format={self.format}, shape={self.shape}, axis={self.axis}, "
             f"block_size={self.block_size}, scale_mode={self.scale_mode}, "

@@ -108,3 +108,11 @@ def test_fake_quantize_value_and_straight_through_gradient(fmt, axis, block_size
   g = jax.grad(lambda v: jnp.sum(mxjax.fake_quantize(v, fmt, **kwargs).astype(jnp.float32)
                                  * 3.0))(x)
   np.testing.assert_array_equal(np.asarray(g, np.float32), 3.0)
+
+
+@pytest.mark.parametrize("to_array", [np.asarray, jnp.asarray, np.array, jnp.array])
+def test_mxarray_to_array_names_dequantize(to_array):
+  """An MXArray has no implicit array value (numpy would make a 0-d object array)."""
+  mx = mxjax.quantize(X, "e4m3")
+  with pytest.raises(TypeError, match=r"block-scaled.*\.dequantize\(dtype\)"):
+    to_array(mx)
