@@ -115,6 +115,23 @@ def _dequantize_call(data, scales, fmt, block_size: int, axis: int, length: int,
 # and inside another jit it is inlined.
 
 
+def _no_derivative(op, name: str):
+  """`op` with a JVP rule that raises a TypeError saying what to use instead (without it,
+  differentiating the op fails inside `custom_partitioning` with JAX's own message)."""
+  op = jax.custom_jvp(op)
+
+  @op.defjvp
+  def _jvp(primals, tangents):
+    del primals, tangents
+    raise TypeError(
+        f"{name} has no derivative (MX codes are piecewise constant), and mxjax's products "
+        f"(dot_general, einsum, Dense) differentiate once, in reverse mode (jax.grad, "
+        f"jax.vjp). For a straight-through gradient use mxjax.fake_quantize; to quantize a "
+        f"value as a constant, pass it through jax.lax.stop_gradient first.")
+
+  return op
+
+
 @functools.lru_cache(maxsize=None)
 def _quantize_op(fmt, block_size: int, mode, axis: int):
   """(x[..., n, ...]) -> (data, scales) along `axis`."""
@@ -134,7 +151,7 @@ def _quantize_op(fmt, block_size: int, mode, axis: int):
     del axis_size, in_batched
     return _quantize_op(fmt, block_size, mode, axis + 1)(x), (True, True)
 
-  return jax.jit(op)
+  return jax.jit(_no_derivative(op, "mxjax.quantize"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +182,7 @@ def _quantize_2x_op(fmt, block_size: int, mode):
     del axis_size, in_batched
     return op(x), (True,) * 4  # batch axes lead; the kernel's axes count from the end
 
-  return jax.jit(op)
+  return jax.jit(_no_derivative(op, "mxjax.quantize_2x"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,7 +214,7 @@ def _dequantize_op(fmt, block_size: int, axis: int, length: int, dtype):
                     for a, b in zip((data, scales), in_batched))
     return _dequantize_op(fmt, block_size, axis + 1, length, dtype)(data, scales), True
 
-  return jax.jit(op)
+  return jax.jit(_no_derivative(op, "mxjax.dequantize"))
 
 
 @functools.lru_cache(maxsize=None)

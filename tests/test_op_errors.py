@@ -116,3 +116,31 @@ def test_mxarray_to_array_names_dequantize(to_array):
   mx = mxjax.quantize(X, "e4m3")
   with pytest.raises(TypeError, match=r"block-scaled.*\.dequantize\(dtype\)"):
     to_array(mx)
+
+
+NO_DERIVATIVE = [
+    ("mxjax.quantize", lambda x: mxjax.quantize(x, "e2m1").dequantize()),
+    ("mxjax.quantize_2x", lambda x: mxjax.quantize_2x(x, "e3m2")[1].dequantize()),
+    ("mxjax.dequantize",  # an MXArray whose arrays depend on x
+     lambda x: dataclasses.replace(mxjax.quantize(jax.lax.stop_gradient(x)),
+                                   data=x.astype(jnp.float8_e4m3fn)).dequantize()),
+    ("mxjax.quantize_2x", lambda x: jax.grad(  # second order through the MX product
+        lambda w: mxjax.matmul(X, w).sum())(x)),
+]
+
+
+@pytest.mark.parametrize("name, fn", NO_DERIVATIVE)
+@pytest.mark.parametrize("jit", [False, True])
+def test_differentiating_the_codec_names_the_alternatives(name, fn, jit):
+  """grad through quantize / dequantize (or twice through a product) is a TypeError that
+  points to fake_quantize and stop_gradient, not JAX's custom_partitioning message."""
+  grad = jax.grad(lambda x: jnp.sum(fn(x)))
+  with pytest.raises(TypeError, match=rf"{name} has no derivative.*fake_quantize.*stop_gradient"):
+    (jax.jit(grad) if jit else grad)(jnp.ones((64, 64), jnp.float32))
+
+
+def test_codec_of_a_stopped_gradient_is_a_constant():
+  """The codec's JVP rule only fires for inputs being differentiated."""
+  x = jax.random.normal(jax.random.key(0), (4, 64))
+  f = lambda x: jnp.sum(x * mxjax.quantize(jax.lax.stop_gradient(x)).dequantize())  # noqa: E731
+  np.testing.assert_array_equal(jax.grad(f)(x), mxjax.quantize(x).dequantize())
