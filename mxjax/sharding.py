@@ -12,6 +12,9 @@
   runs under `jax.shard_map` over the axes the operand's type names, with specs read from
   it, so the results carry the operand's sharding in their types (also under `vmap`).
 
+`leaf_specs` says how each array of an MXArray (or a pair) is stored when its tensor is
+sharded as a PartitionSpec names (Flax's kernel annotations).
+
 `merge_dims` / `split_dim` say how a reshape that merges or splits dims keeps their
 shards in place; `mxjax.dot` uses them for its canonical form.
 
@@ -26,6 +29,7 @@ is always the unsharded result; only the communication differs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -34,6 +38,8 @@ from typing import Callable, Sequence
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
+
+from mxjax.mxarray import MXArray
 
 
 #: What a blockwise call maps: x to (data, scales) pairs, a pair to x, or x to x.
@@ -97,19 +103,43 @@ def explicit_sharding(x):
 
 def shard_count(mesh, entry) -> int:
   """Devices a PartitionSpec entry (None, an axis name or a tuple of them) splits over."""
-  return math.prod(mesh.shape[name] for name in _names(entry))
+  return math.prod(mesh.shape[name] for name in axis_names(entry))
 
 
 def _whole_blocks(length: int, block_size: int, shards: int) -> bool:
   return shards == 1 or (length % block_size == 0 and (length // block_size) % shards == 0)
 
 
-def _names(entry) -> tuple:
+def axis_names(entry) -> tuple:
+  """The mesh axes of a PartitionSpec entry (None, an axis name or a tuple of them)."""
   return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
 
 def _entry(names: Sequence[str]):
   return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def leaf_specs(value, entries: Sequence, counts: Sequence[int | None]):
+  """The PartitionSpec of each array of `value` (an MXArray, a pair of them, or arrays,
+  concrete or abstract) whose tensor's dims are sharded as `entries` (mesh axes or
+  logical names), as a pytree like `value`.
+
+  jax stores only even shards. A dim as long as the tensor's keeps its entry: it splits
+  wherever the high-precision tensor's does. A shorter one (the scales along the blocks,
+  packed FP6 / FP4 codes) keeps it only where it splits evenly into `counts[d]` shards
+  (None: not known, kept) and is replicated otherwise. The data keeps the tensor's
+  sharding even where its shards cut blocks (the ops gather those first).
+  """
+  def spec(a, full):
+    return PartitionSpec(*(e if e is None or n == m or k is None or n % k == 0 else None
+                           for e, n, m, k in zip(entries, a.shape, full, counts)))
+
+  def specs(x):
+    if isinstance(x, MXArray):
+      return dataclasses.replace(x, data=spec(x.data, x.shape), scales=spec(x.scales, x.shape))
+    return spec(x, x.shape)
+
+  return jax.tree.map(specs, value, is_leaf=lambda x: isinstance(x, MXArray))
 
 
 def merge_dims(entries: Sequence, sizes: Sequence[int], mesh) -> tuple[list, object]:
@@ -126,7 +156,7 @@ def merge_dims(entries: Sequence, sizes: Sequence[int], mesh) -> tuple[list, obj
       kept.append(None)
       continue
     kept.append(entry)
-    names += _names(entry)
+    names += axis_names(entry)
     wide = wide or size // shard_count(mesh, entry) > 1
   return kept, _entry(names)
 
@@ -134,7 +164,7 @@ def merge_dims(entries: Sequence, sizes: Sequence[int], mesh) -> tuple[list, obj
 def split_dim(entry, sizes: Sequence[int], mesh) -> list | None:
   """The entries of the dims `sizes` that a dim sharded as `entry` splits into in place
   (the inverse of `merge_dims`); None when its shards do not fall on whole slices."""
-  names, out = list(_names(entry)), []
+  names, out = list(axis_names(entry)), []
   for size in sizes:
     taken = []
     while names and size % (shard_count(mesh, tuple(taken)) * mesh.shape[names[0]]) == 0:
@@ -168,9 +198,9 @@ def unshared_contraction(spec: Sequence, other: Sequence, contract: int, other_c
     length: the contracted dim's length; block_size: B.
   """
   names = lambda entries, skip: {n for i, e in enumerate(entries) if i != skip  # noqa: E731
-                                 for n in _names(e)}
+                                 for n in axis_names(e)}
   contract, other_contract = contract % len(spec), other_contract % len(other)
-  if not set(_names(spec[contract])) & names(other, other_contract):
+  if not set(axis_names(spec[contract])) & names(other, other_contract):
     return None
   own = names(spec, contract)
   target = other[other_contract]
@@ -179,7 +209,7 @@ def unshared_contraction(spec: Sequence, other: Sequence, contract: int, other_c
     target = _entry([n for n, t in zip(mesh.axis_names, mesh.axis_types)
                      if n not in used and mesh.shape[n] > 1
                      and t == jax.sharding.AxisType.Explicit])
-  if set(_names(target)) & own or not _whole_blocks(length, block_size,
+  if set(axis_names(target)) & own or not _whole_blocks(length, block_size,
                                                      shard_count(mesh, target)):
     target = None
   return (*spec[:contract], target, *spec[contract + 1:])
@@ -206,7 +236,7 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
     by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
     the Shardy rule of `op` applies to them inside)."""
     operands = [jax.sharding.reshard(a, NamedSharding(mesh, pspec)) for a in args]
-    names = {name for entry in pspec for name in _names(entry)}
+    names = {name for entry in pspec for name in axis_names(entry)}
     if not names:
       return op(*operands)
     auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1

@@ -353,3 +353,45 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   for name in ("fc1", "fc2", "out"):
     assert not np.array_equal(params[name]["bias"], variables["params"][name]["bias"])
   assert set(variables[mxl.QUANTIZED_KERNELS]) == {"fc1", "fc2", "out"}
+
+
+def _spec(a) -> tuple:
+  spec = tuple(a.sharding.spec)
+  return spec + (None,) * (a.ndim - len(spec))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+@pytest.mark.parametrize("columnwise", [True, False], ids=["pair", "rowwise"])
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_quantized_kernel_axes_shard_each_array_evenly(axis_type, columnwise):
+  """FSDP of a quantized kernel [64, 256] over 8 devices, by Flax's jit-init flow
+  (eval_shape, get_partition_spec, out_shardings): the data splits as its logical axes
+  ask; the scales along the blocks (2 of them along 64) cannot and stay whole. The
+  kernel and the output are the unsharded ones, bit for bit."""
+  recipe = MXFP8BlockScaling()
+  model = mxl.Dense(256, kernel_axes=("embed", "mlp"))
+  x = jax.random.normal(jax.random.key(2), (64, 64))  # 8 rows a device: the same GEMM
+  with context.quantized_model_init(recipe=recipe, columnwise=columnwise):
+    want_vars = model.init(jax.random.key(1), x)
+  with context.autocast(recipe=recipe):
+    want = model.apply(nn.unbox(want_vars), x)
+  kind = getattr(jax.sharding.AxisType, axis_type.capitalize())
+  mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(kind,))
+  with jax.set_mesh(mesh), context.quantized_model_init(recipe=recipe, columnwise=columnwise):
+    abstract = jax.eval_shape(lambda k: model.init(k, x), jax.random.key(1))
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh,
+                                            (("embed", "fsdp"), ("mlp", None)))
+    variables = nn.unbox(jax.jit(lambda k: model.init(k, x), out_shardings=shardings)(
+        jax.random.key(1)))
+  kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]
+  along_k, along_n = kernel if columnwise else (kernel, None)
+  assert (_spec(along_k.data), _spec(along_k.scales)) == (("fsdp", None), (None, None))
+  if columnwise:  # scales [64, 8]: the rows split as the data's
+    assert (_spec(along_n.data), _spec(along_n.scales)) == (("fsdp", None), ("fsdp", None))
+  for a, b in zip(jax.tree.leaves(variables), jax.tree.leaves(nn.unbox(want_vars))):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+  with jax.set_mesh(mesh), context.autocast(recipe=recipe):  # FSDP: the batch split too
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp")))
+    got = jax.jit(model.apply)(variables, xs)
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                np.asarray(want).view(np.uint32))

@@ -10,7 +10,9 @@ collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances
 Kernels initialized under `mxjax.quantized_model_init` are stored as MXArrays in 2-D
 form `[prod(contracted dims), prod(features)]` and are frozen: they are not params but the
 variable `kernel` of the collection `mxjax.context.QUANTIZED_KERNELS` ("mx_kernels"), which
-`apply` needs next to "params" and which gradients and optimizers never see.
+`apply` needs next to "params" and which gradients and optimizers never see. Their
+`kernel_axes` apply per array (`QuantizedPartitioned`): `nn.get_partition_spec` gives the
+data and the scales each a PartitionSpec that the mesh splits evenly.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mxjax import _gemm, context, state as state_lib
+from mxjax import _gemm, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
 
 default_kernel_init = nn.initializers.lecun_normal()
@@ -37,6 +39,51 @@ def _module_path(module: nn.Module) -> str:
 def _canonical_axes(axes, ndim: int) -> tuple[int, ...]:
   axes = (axes,) if isinstance(axes, int) else tuple(axes)
   return tuple(sorted(a % ndim for a in axes))
+
+
+class QuantizedPartitioned(nn.LogicallyPartitioned):
+  """The logical axes of a quantized kernel (an MXArray pair, or one MXArray), per array.
+
+  `get_partition_spec` gives a pytree like the value, of PartitionSpecs of logical names
+  (`mxjax.sharding.leaf_specs`): the data keeps the kernel's names; a dim of the scales
+  (along the blocks) keeps its name only where every shard holds whole scales, as far as
+  the mesh and logical axis rules in effect say (the box's own, else `jax.set_mesh`'s and
+  `nn.logical_axis_rules`'). Without rules, a name must split evenly over the whole mesh;
+  without a mesh, it is kept.
+  """
+
+  def get_partition_spec(self) -> QuantizedPartitioned:
+    """This box with a PartitionSpec in place of each array (a prefix of this box)."""
+    return self.replace_boxed(self._leaf_specs())
+
+  def unbox(self, apply_constraint=True):
+    """The value; arrays constrained to their specs under a mesh (not specs or shardings:
+    `nn.unbox` of `get_partition_spec`'s tree gives one for the unboxed variables)."""
+    arrays = all(isinstance(a, jax.Array) for a in jax.tree.leaves(self.value))
+    if apply_constraint and arrays and (nn.meta.global_mesh_defined() or self.mesh is not None):
+      return nn.with_logical_constraint(self.value, self._leaf_specs(), rules=self.rules,
+                                        mesh=self.mesh)
+    return self.value
+
+  def _leaf_specs(self):
+    return sharding.leaf_specs(self.value, self.names, self._shard_counts())
+
+  def _shard_counts(self) -> list[int | None]:
+    """Per name: how many shards it splits its dim into; None where that is not known."""
+    mesh = self.mesh if self.mesh is not None else nn.meta.get_global_mesh()
+    if mesh is None:
+      return [None] * len(self.names)
+    rules = self.rules or nn.get_logical_axis_rules()
+    if not rules:  # a name may go to any mesh axes: their shards divide the mesh's
+      return [None if n is None else mesh.size for n in self.names]
+    axes = nn.logical_to_mesh_axes(self.names, rules)
+    return [sharding.shard_count(mesh, e)
+            if all(a in mesh.shape for a in sharding.axis_names(e)) else None for e in axes]
+
+
+def _with_quantized_partitioning(fn: Callable, names) -> Callable:
+  """`nn.with_logical_partitioning` for an initializer of a quantized kernel."""
+  return lambda *args: QuantizedPartitioned(fn(*args), names)
 
 
 class DenseGeneral(nn.Module):
@@ -118,7 +165,7 @@ class DenseGeneral(nn.Module):
         return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
       if self.kernel_axes:  # the 2-D form keeps the axes of the leading in / feature dims
         axes_2d = (self.kernel_axes[0], self.kernel_axes[n_in])
-        quantized_init = nn.with_logical_partitioning(quantized_init, axes_2d)
+        quantized_init = _with_quantized_partitioning(quantized_init, axes_2d)
       # The same "params" rng as `self.param` would draw: the same initial value.
       return self.variable(collection, "kernel", quantized_init, self.make_rng("params"),
                            shape, self.param_dtype).value
