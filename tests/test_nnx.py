@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from mxjax import context, nnx as mxnnx
 from mxjax.mxarray import MXArray
@@ -135,3 +136,43 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(model.a.bias.get_value(), biases_before[0])
   assert not np.array_equal(model.b.bias.get_value(), biases_before[1])
+
+
+def _spec(a) -> tuple:
+  spec = tuple(a.sharding.spec)
+  return spec + (None,) * (a.ndim - len(spec))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+@pytest.mark.parametrize("columnwise", [True, False], ids=["pair", "rowwise"])
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_quantized_kernel_with_partitioning_shards_each_array_evenly(axis_type, columnwise):
+  """FSDP of a quantized kernel [64, 256] over 8 devices (`nnx.with_partitioning`,
+  sharded at creation): the data splits as annotated; the scales along the blocks (2 of
+  them along 64) cannot and stay whole. The kernel and the output are the unsharded
+  ones, bit for bit."""
+  recipe = MXFP8BlockScaling()
+  init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("fsdp", None))
+  make = lambda: mxnnx.Linear(64, 256, kernel_init=init, rngs=nnx.Rngs(0))  # noqa: E731
+  with context.quantized_model_init(recipe=recipe, columnwise=columnwise):
+    want_model = mxnnx.Linear(64, 256, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (64, 64))  # 8 rows a device: the same GEMM
+  with context.autocast(recipe=recipe):
+    want = want_model(x)
+  kind = getattr(jax.sharding.AxisType, axis_type.capitalize())
+  mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(kind,))
+  with jax.set_mesh(mesh):
+    with context.quantized_model_init(recipe=recipe, columnwise=columnwise):
+      model = nnx.jit(make)()
+    with context.autocast(recipe=recipe):  # FSDP: the batch split too
+      got = nnx.jit(lambda m, x: m(x))(model, jax.device_put(x, P("fsdp")))
+  kernel = model.kernel.get_value()
+  along_k, along_n = kernel if columnwise else (kernel, None)
+  assert (_spec(along_k.data), _spec(along_k.scales)) == (("fsdp", None), (None, None))
+  if columnwise:  # scales [64, 8]: the rows split as the data's
+    assert (_spec(along_n.data), _spec(along_n.scales)) == (("fsdp", None), ("fsdp", None))
+  for a, b in zip(jax.tree.leaves(kernel), jax.tree.leaves(want_model.kernel.get_value()),
+                  strict=True):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                np.asarray(want).view(np.uint32))

@@ -11,6 +11,8 @@ gradient's amax history too.
 A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArray) is held
 in a `QuantizedKernel` variable, not an `nnx.Param`: it is frozen, so `nnx.grad` (whose
 default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave it alone.
+A `kernel_init` annotated with `nnx.with_partitioning` shards it per array at creation
+(`mxjax.sharding.leaf_specs`: the scales only where the mesh splits them evenly).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import meta
+from jax.sharding import AxisType, NamedSharding
 
-from mxjax import _gemm, context, state as state_lib
+from mxjax import _gemm, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
 
 
@@ -57,7 +61,7 @@ class Linear(nnx.Module):
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
-      self.kernel = QuantizedKernel(_gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise))
+      self.kernel = QuantizedKernel(_quantized_kernel(w, qinit))
     else:
       self.kernel = nnx.Param(w)
     self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype))
@@ -92,3 +96,25 @@ class Linear(nnx.Module):
     if bias is not None:
       y = y + bias.astype(dtype)
     return y
+
+
+def _quantized_kernel(w, qinit: context.QuantizedInit):
+  """`w` quantized under `qinit`. Where `w` carries an `nnx.with_partitioning` annotation
+  (an `nnx.VariableMetadata`), each array is sharded as nnx shards an annotated variable
+  at creation (eager sharding), by its own spec (`mxjax.sharding.leaf_specs`)."""
+  metadata = w.metadata if isinstance(w, nnx.VariableMetadata) else {}
+  w = w.raw_value if isinstance(w, nnx.VariableMetadata) else w
+  kernel = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+  if not (metadata.get("out_sharding")
+          and metadata.get("eager_sharding", nnx.using_eager_sharding())):
+    return kernel
+  mesh = metadata.get("mesh") or meta.get_global_mesh()
+  if mesh is None:
+    raise ValueError(f"mxjax.nnx.Linear: the kernel's annotation {metadata['out_sharding']} "
+                     "needs a mesh: set one with jax.set_mesh (or give with_partitioning "
+                     "a mesh).")
+  spec = tuple(nnx.spmd.get_var_pspec(nnx.Param(w, **{**metadata, "eager_sharding": False})))
+  specs = sharding.leaf_specs(kernel, spec, [sharding.shard_count(mesh, e) for e in spec])
+  explicit = all(t == AxisType.Explicit for t in mesh.axis_types)
+  place = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+  return jax.tree.map(lambda a, s: place(a, NamedSharding(mesh, s)), kernel, specs)
