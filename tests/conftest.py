@@ -67,6 +67,19 @@ def bits_of(a) -> np.ndarray:
   return a.view(_UINT[a.dtype.itemsize])
 
 
+def mxarrays(tree) -> list:
+  """The MXArrays of a pytree, in leaf order."""
+  import jax  # noqa: PLC0415 (jax after XLA_FLAGS, as everywhere in this file)
+  from mxjax.mxarray import MXArray  # noqa: PLC0415
+  leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
+  return [a for a in leaves if isinstance(a, MXArray)]
+
+
+def mxarray_bits(arrays) -> list[np.ndarray]:
+  """The bit patterns of every MXArray's data and scales (NaN compares too)."""
+  return [bits_of(x) for a in arrays for x in (a.data, a.scales)]
+
+
 def assert_same_floats(got, want):
   """Bit-equal float arrays (same dtype and shape), except that any NaN matches any NaN."""
   got, want = np.asarray(got), np.asarray(want)

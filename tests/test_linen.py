@@ -10,8 +10,10 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import mxarray_bits, mxarrays
+from sharding_helpers import spec_of
+
 from mxjax import context, linen as mxl, state as state_lib
-from mxjax.mxarray import MXArray
 from mxjax.quantize import fake_quantize
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling)
@@ -298,16 +300,6 @@ def test_mxfp8_training_matches_f32():
   assert rel(quantized, exact) <= 0.03 * np.sqrt(2)
 
 
-def _mxarrays(tree):
-  leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
-  return [a for a in leaves if isinstance(a, MXArray)]
-
-
-def _bits(arrays):
-  """The raw bytes of every MXArray's data and scales (NaN compares too)."""
-  return [np.asarray(x).view(np.uint8) for a in arrays for x in (a.data, a.scales)]
-
-
 @pytest.mark.parametrize("optimizer", [optax.sgd(0.1), optax.adam(1e-2)],
                          ids=["sgd", "adam"])
 def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
@@ -320,7 +312,7 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   x, labels = _classification_batch(jax.random.key(0), 64)
   with context.quantized_model_init(recipe=recipe):
     variables = model.init(jax.random.key(1), x)
-  kernels_before = _bits(_mxarrays(variables))
+  kernels_before = mxarray_bits(mxarrays(variables))
   assert len(kernels_before) == 3 * 2 * 2  # 3 layers, an MXArray pair each
 
   def loss_fn(params, rest):
@@ -345,19 +337,14 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   assert np.all(np.isfinite(losses)) and bool(jnp.all(jnp.isfinite(y)))
   for leaf in jax.tree.leaves(params):
     assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
-  assert not _mxarrays(params)  # no quantized kernel among the trainable params
-  assert not _mxarrays(opt_state)
+  assert not mxarrays(params)  # no quantized kernel among the trainable params
+  assert not mxarrays(opt_state)
   after = {**rest, "params": params}
-  for a, b in zip(_bits(_mxarrays(after)), kernels_before, strict=True):
+  for a, b in zip(mxarray_bits(mxarrays(after)), kernels_before, strict=True):
     np.testing.assert_array_equal(a, b)
   for name in ("fc1", "fc2", "out"):
     assert not np.array_equal(params[name]["bias"], variables["params"][name]["bias"])
   assert set(variables[mxl.QUANTIZED_KERNELS]) == {"fc1", "fc2", "out"}
-
-
-def _spec(a) -> tuple:
-  spec = tuple(a.sharding.spec)
-  return spec + (None,) * (a.ndim - len(spec))
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -385,9 +372,9 @@ def test_quantized_kernel_axes_shard_each_array_evenly(axis_type, columnwise):
         jax.random.key(1)))
   kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]
   along_k, along_n = kernel if columnwise else (kernel, None)
-  assert (_spec(along_k.data), _spec(along_k.scales)) == (("fsdp", None), (None, None))
+  assert (spec_of(along_k.data), spec_of(along_k.scales)) == (("fsdp", None), (None, None))
   if columnwise:  # scales [64, 8]: the rows split as the data's
-    assert (_spec(along_n.data), _spec(along_n.scales)) == (("fsdp", None), ("fsdp", None))
+    assert (spec_of(along_n.data), spec_of(along_n.scales)) == (("fsdp", None), ("fsdp", None))
   for a, b in zip(jax.tree.leaves(variables), jax.tree.leaves(nn.unbox(want_vars))):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
   with jax.set_mesh(mesh), context.autocast(recipe=recipe):  # FSDP: the batch split too

@@ -8,6 +8,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from conftest import mxarray_bits, mxarrays
+from sharding_helpers import spec_of
+
 from mxjax import context, nnx as mxnnx
 from mxjax.mxarray import MXArray
 from mxjax.recipes import DelayedScaling, MXFP4BlockScaling, MXFP8BlockScaling
@@ -83,16 +86,6 @@ def test_quantized_init_and_mismatch():
       layer(X)
 
 
-def _mxarrays(tree):
-  leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
-  return [a for a in leaves if isinstance(a, MXArray)]
-
-
-def _bits(arrays):
-  """The raw bytes of every MXArray's data and scales (NaN compares too)."""
-  return [np.asarray(x).view(np.uint8) for a in arrays for x in (a.data, a.scales)]
-
-
 class _TwoLayers(nnx.Module):
 
   def __init__(self, rngs):
@@ -112,7 +105,7 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   recipe = MXFP8BlockScaling()
   with context.quantized_model_init(recipe=recipe):
     model = _TwoLayers(nnx.Rngs(0))
-  kernels_before = _bits(_mxarrays(nnx.state(model)))
+  kernels_before = mxarray_bits(mxarrays(nnx.state(model)))
   assert len(kernels_before) == 2 * 2 * 2  # 2 layers, an MXArray pair each
   biases_before = [np.asarray(model.a.bias.get_value()), np.asarray(model.b.bias.get_value())]
   with context.autocast(recipe=recipe):
@@ -130,17 +123,12 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   params = nnx.state(model, nnx.Param)
   for leaf in jax.tree.leaves(params):
     assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
-  assert not _mxarrays(params)  # no quantized kernel among the trainable params
-  assert not _mxarrays(nnx.state(opt, nnx.OptState))
-  for a, b in zip(_bits(_mxarrays(nnx.state(model))), kernels_before, strict=True):
+  assert not mxarrays(params)  # no quantized kernel among the trainable params
+  assert not mxarrays(nnx.state(opt, nnx.OptState))
+  for a, b in zip(mxarray_bits(mxarrays(nnx.state(model))), kernels_before, strict=True):
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(model.a.bias.get_value(), biases_before[0])
   assert not np.array_equal(model.b.bias.get_value(), biases_before[1])
-
-
-def _spec(a) -> tuple:
-  spec = tuple(a.sharding.spec)
-  return spec + (None,) * (a.ndim - len(spec))
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -168,9 +156,9 @@ def test_quantized_kernel_with_partitioning_shards_each_array_evenly(axis_type, 
       got = nnx.jit(lambda m, x: m(x))(model, jax.device_put(x, P("fsdp")))
   kernel = model.kernel.get_value()
   along_k, along_n = kernel if columnwise else (kernel, None)
-  assert (_spec(along_k.data), _spec(along_k.scales)) == (("fsdp", None), (None, None))
+  assert (spec_of(along_k.data), spec_of(along_k.scales)) == (("fsdp", None), (None, None))
   if columnwise:  # scales [64, 8]: the rows split as the data's
-    assert (_spec(along_n.data), _spec(along_n.scales)) == (("fsdp", None), ("fsdp", None))
+    assert (spec_of(along_n.data), spec_of(along_n.scales)) == (("fsdp", None), ("fsdp", None))
   for a, b in zip(jax.tree.leaves(kernel), jax.tree.leaves(want_model.kernel.get_value()),
                   strict=True):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
