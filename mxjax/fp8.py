@@ -3,9 +3,10 @@
 One scale per tensor: `q = cast_fp8(clip(x * scale, -fp8_max, fp8_max))`, and the
 product is `(q_lhs . q_rhs) / (scale_lhs * scale_rhs)`, accumulated in f32.
 
-- DelayedScaling takes each scale from the recipe state (`mxjax.state`); the custom VJP
-  returns, as the gradient of that state, the next state with the amaxes of this step's
-  input, kernel and output gradient recorded (Flax's gradient-overwrite convention).
+- DelayedScaling takes each scale from the recipe state (`mxjax.state`), or from the
+  tensor's own amax while its role has none recorded; the custom VJP returns, as the
+  gradient of that state, the next state with the amaxes of this step's input, kernel and
+  output gradient recorded (Flax's gradient-overwrite convention).
 - Float8CurrentScaling computes each scale from the tensor's own amax.
 
 No kernels: XLA fuses the scaling and casts. The FP8 values are widened to f32 for the
@@ -84,11 +85,16 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
 
 
 def _scale(x, config: _Config, tensors, role: str):
-  """(scale, amax) for one tensor: from the state (delayed) or from x (current)."""
+  """(scale, amax) for one tensor: from the state (delayed) or from x (current). A delayed
+  role with no amax recorded yet (its first step; the gradient's, for as long as only the
+  forward updates the state) also takes x's: the unit initial scale would flush small
+  gradients to zero and saturate large activations."""
   amax = state_lib.tensor_amax(x, config.recipe)
-  if tensors is not None:
-    return tensors[role].scale, amax
-  return state_lib.scale_from_amax(amax, config.recipe, role), amax
+  current = state_lib.scale_from_amax(amax, config.recipe, role)
+  if tensors is None:
+    return current, amax
+  recorded = jnp.any(tensors[role].amax_history > 0)
+  return jnp.where(recorded, tensors[role].scale, current), amax
 
 
 def _dot_f32(a, b, config: _Config):

@@ -265,7 +265,8 @@ class DelayedScaling(Recipe):
 
   Each step quantizes with the scale in the state, records the tensor's amax in the
   history (newest first) and sets the next scale to `fp8_max / amax / 2**margin`, amax
-  being the history's max (`"max"`) or its newest entry (`"most_recent"`).
+  being the history's max (`"max"`) or its newest entry (`"most_recent"`). A tensor
+  whose history is still empty (the first step) is scaled from its own amax.
 
   Attributes:
     margin: extra headroom, in powers of two.

@@ -87,10 +87,53 @@ def test_fp8_dot_uses_the_state_scale():
   tensors = state_lib.init(recipe).tensors
   out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
   np.testing.assert_allclose(out, 64.0)
-  tensors = dict(tensors, input=state_lib.TensorScaling(tensors["input"].amax_history,
-                                                        jnp.float32(448.0)))
+  tensors = dict(tensors, input=state_lib.TensorScaling(jnp.ones((1,)), jnp.float32(448.0)))
   out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
   np.testing.assert_allclose(out, 32.0)  # 2 * 448 saturates to 448, / 448 = 1 per element
+
+
+@pytest.mark.parametrize("margin", [0, 2])
+def test_fp8_dot_roles_with_no_amax_recorded_scale_from_their_own(margin):
+  """A fresh state (nothing recorded: the unit scales would flush this product's tiny
+  gradients to zero and saturate its input) gives Float8CurrentScaling's product and
+  gradients, bit for bit."""
+  x = 1000.0 * jax.random.normal(jax.random.key(0), (8, 64))  # saturates E4M3 at scale 1
+  w = jax.random.normal(jax.random.key(1), (64, 16)) * 0.1
+  delayed = DelayedScaling(amax_history_len=4, margin=margin)
+  current = Float8CurrentScaling(margin=margin)
+
+  def loss(recipe, tensors):
+    def f(x, w):
+      return 1e-9 * jnp.sum(fp8.dot_general(x, w, DIMS, recipe, tensors)[0] ** 2)
+    return jax.value_and_grad(f, argnums=(0, 1))
+
+  got = loss(delayed, state_lib.init(delayed).tensors)(x, w)
+  want = loss(current, None)(x, w)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert np.all(np.asarray(got[1][1]) != 0)  # E5M2 at scale 1 flushed every one
+
+
+def test_forward_only_state_updates_keep_small_gradients():
+  """`apply(mutable=["mx_state"])` alone (as for batch_stats) records only the forward's
+  amaxes; the gradient, with none recorded, scales from its own and is not flushed."""
+  recipe = DelayedScaling(amax_history_len=4)
+  model, variables, x = _dense_variables(recipe)
+  params, st = variables["params"], variables["mx_state"]
+
+  def loss(params, st, enabled):
+    with context.autocast(enabled, recipe=recipe):
+      y, mutated = model.apply({"params": params, "mx_state": st}, x, mutable=["mx_state"])
+    return 1e-4 * jnp.mean(jnp.square(y - 1.0)), mutated["mx_state"]
+
+  step = jax.jit(jax.grad(loss, has_aux=True), static_argnums=2)
+  for _ in range(3):
+    grads, st = step(params, st, True)
+  np.testing.assert_array_equal(st["recipe_state"].tensors["grad"].amax_history, 0)
+  want, _ = jax.grad(loss, has_aux=True)(params, st, False)  # high precision
+  for name in ("kernel", "bias"):  # FP8 error (E5M2: 2 mantissa bits); flushed: 1.0
+    error = np.linalg.norm(grads[name] - want[name]) / np.linalg.norm(want[name])
+    assert error < 0.2, (name, error)
 
 
 def _dense_variables(recipe, collection=state_lib.STATE_COLLECTION):
