@@ -45,6 +45,14 @@ _QUANTIZED_INIT = jax.make_user_context(default_value=None)
 QUANTIZED_KERNELS = "mx_kernels"
 
 
+def _check_enabled(enabled, what: str) -> bool:
+  """`enabled` as a bool; a recipe given in its place (positionally) is a TypeError."""
+  if isinstance(enabled, Recipe) or (isinstance(enabled, type) and issubclass(enabled, Recipe)):
+    raise TypeError(f"{what}'s first argument is `enabled`; pass the recipe by keyword: "
+                    f"{what}(recipe={enabled!r})")
+  return bool(enabled)
+
+
 def _check_recipe(recipe, what: str) -> Recipe:
   if recipe is None:
     return MXFP8BlockScaling()
@@ -68,7 +76,7 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 
   Nested contexts restore the outer value on exit.
   """
-  value = _check_recipe(recipe, "autocast") if enabled else None
+  value = _check_recipe(recipe, "autocast") if _check_enabled(enabled, "autocast") else None
   with _AUTOCAST(value):
     yield
 
@@ -129,7 +137,7 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
     columnwise: keep the backward copy too (about twice the memory of the forward copy).
   """
   value = None
-  if enabled:
+  if _check_enabled(enabled, "quantized_model_init"):
     recipe = _check_recipe(recipe, "quantized_model_init")
     if not recipe.mx():
       raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs an MX "

@@ -43,6 +43,16 @@ def test_autocast_rejects_non_recipes():
       pass
 
 
+@pytest.mark.parametrize("scope", [context.autocast, context.quantized_model_init])
+@pytest.mark.parametrize("recipe", [MXFP4BlockScaling(), MXFP4BlockScaling])
+def test_a_recipe_given_for_enabled_is_refused(scope, recipe):
+  """`autocast(MXFP4BlockScaling())` would otherwise run the default MXFP8 silently."""
+  with pytest.raises(TypeError, match=r"first argument is `enabled`.*recipe="):
+    with scope(recipe):
+      pass
+  assert context.get_recipe() is None and context.get_quantized_init() is None
+
+
 def test_jit_retraces_when_the_recipe_changes():
   traced = []
 
