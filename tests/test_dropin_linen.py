@@ -286,3 +286,54 @@ def test_gemm_paths_and_presets(stock):
   assert mxjax.rules.preset("all") == ()
   with pytest.raises(ValueError, match="unknown rules preset 'most'"):
     mxjax.rules.preset("most")
+
+
+class GainEinsum(nn.Einsum):
+  """An nn.Einsum subclass whose own `__call__` scales `nn.Einsum.__call__` by a param."""
+
+  @nn.compact
+  def __call__(self, x):
+    return self.param("gain", nn.initializers.constant(3.0), ()) * super().__call__(x)
+
+
+class OwnEinsum(nn.Einsum):
+  """An nn.Einsum subclass that computes its product itself (no `super().__call__`)."""
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", self.kernel_init, self.shape)
+    return jnp.einsum(self.einsum_str, x, kernel)
+
+
+class GainDense(nn.Dense):
+  """An nn.Dense subclass whose own `__call__` scales `nn.Dense.__call__`."""
+
+  @nn.compact
+  def __call__(self, x):
+    return 3.0 * super().__call__(x)
+
+
+class Heads(nn.Module):
+  """Stock and subclassed Dense / Einsum layers side by side."""
+
+  @nn.compact
+  def __call__(self, x):
+    eq = "btd,dv->btv"
+    return (GainDense(D, name="up")(nn.Dense(D, name="in")(x)),
+            nn.Einsum((D, 32), eq, name="stock")(x), GainEinsum((D, 32), eq, name="gain")(x),
+            OwnEinsum((D, 32), eq, use_bias=False, name="own")(x))
+
+
+def test_subclass_calls_run_under_intercept():
+  """A subclass's own `__call__` runs as written: its `super().__call__` gets the MX
+  product, a product it computes itself stays high precision (bit-identical)."""
+  x = jax.random.normal(jax.random.key(0), (2, T, D))
+  variables = Heads().init(jax.random.key(1), x)
+  want = Heads().apply(variables, x)
+  with mxjax.autocast(recipe=MX), mxjax.linen.intercept():
+    got = jax.jit(Heads().apply)(variables, x)
+  for name, y, y_stock in zip(("up", "stock", "gain"), got, want):  # no gain: 67% off
+    assert not bool(jnp.all(y == y_stock)), name
+    assert relative_error(y, y_stock) < 0.10, name
+  assert bool(jnp.all(got[3] == want[3]))
+

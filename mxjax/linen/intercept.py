@@ -13,9 +13,11 @@ model, so its checkpoints load as they are. A DelayedScaling layer keeps its sta
 
 How: a Flax method interceptor (`nn.intercept_methods`). A Dense / DenseGeneral that
 has no product of its own (`dot_general`, `dot_general_cls` unset) runs with
-`dot_general_cls=DotGeneral` for the call; an Einsum's call is made again here with the
-same params and `hooks.Einsum` as the product. A layer that already has its own product
-(e.g. mxjax's hooks) is left as it is.
+`dot_general_cls=DotGeneral` for the call; `nn.Einsum.__call__` itself is made again here
+with the same params and `hooks.Einsum` as the product. A subclass's own `__call__` runs
+as written: where it calls `super().__call__`, that call gets the MX product; where it
+computes its product itself, that product stays in high precision. A layer that already
+has its own product (e.g. mxjax's hooks) is left as it is.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ from mxjax.linen import hooks
 from mxjax.linen.modules import DenseGeneral, layer_path
 
 _DENSE = (nn.Dense, nn.DenseGeneral)
+#: The function behind `nn.Einsum.__call__` (Flax's method wrapper unwrapped), which is
+#: what an interceptor's `ctx.orig_method` binds when that very method runs.
+_EINSUM_CALL = getattr(nn.Einsum.__call__, "__wrapped__", nn.Einsum.__call__)
+
+
+def _runs_einsum_call(ctx) -> bool:
+  """Whether the method being intercepted is `nn.Einsum`'s own `__call__` (on an Einsum
+  or on a subclass, through `super()`), not a subclass's override."""
+  fun = getattr(ctx.orig_method, "func", ctx.orig_method)  # a partial over the module
+  return getattr(fun, "__func__", fun) is _EINSUM_CALL
 
 
 @contextlib.contextmanager
@@ -84,7 +96,8 @@ def _interceptor(next_fun, args, kwargs, ctx):
       return next_fun(*args, **kwargs)
     finally:
       object.__setattr__(module, "dot_general_cls", None)
-  if isinstance(module, nn.Einsum) and context.recipe_for(layer_path(module)) is not None:
+  if (isinstance(module, nn.Einsum) and _runs_einsum_call(ctx)
+      and context.recipe_for(layer_path(module)) is not None):
     return _einsum_layer(module, *args, **kwargs)
   return next_fun(*args, **kwargs)
 
