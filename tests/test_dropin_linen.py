@@ -337,3 +337,12 @@ def test_subclass_calls_run_under_intercept():
     assert relative_error(y, y_stock) < 0.10, name
   assert bool(jnp.all(got[3] == want[3]))
 
+
+def test_gemm_paths_are_the_same_inside_autocast_and_intercept():
+  x = jnp.ones((2, T, D))
+  outside = mxjax.linen.gemm_paths(Heads(), x)
+  assert outside == ["in", "up", "stock", "gain"]  # "own" has no MX product
+  with mxjax.autocast(recipe=MX), mxjax.linen.intercept([("up", None)]):
+    assert mxjax.linen.gemm_paths(Heads(), x) == outside
+  with mxjax.quantized_model_init(recipe=MX):
+    assert mxjax.linen.gemm_paths(Heads(), x) == outside

@@ -69,18 +69,26 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
   Args:
     module: an unbound linen module; args, kwargs: inputs for `module.init` (only their
       shapes and dtypes are used: nothing is computed).
+
+  The list is the same inside an `autocast` / `intercept` / `quantized_model_init` and
+  outside. An `nn.Einsum` subclass is listed where it runs `nn.Einsum.__call__` (its
+  own `__call__` calling `super().__call__`), which is what `intercept` quantizes.
   """
   paths: list[str] = []
 
   def record(next_fun, args, kwargs, ctx):
     if ctx.method_name == "__call__":
-      if isinstance(ctx.module, (*_DENSE, nn.Einsum, DenseGeneral)):
+      if isinstance(ctx.module, (*_DENSE, DenseGeneral)) or (
+          isinstance(ctx.module, nn.Einsum) and _runs_einsum_call(ctx)):
         paths.append(layer_path(ctx.module))
       elif isinstance(ctx.module, hooks.DotGeneral):
         paths.append(ctx.module._owner())
     return next_fun(*args, **kwargs)
 
-  with nn.intercept_methods(record):
+  # Autocast off: an enclosing `intercept` then leaves every layer's own call to run, so
+  # `record` (the innermost interceptor) sees each one, as it does outside.
+  with context.autocast(enabled=False), context.quantized_model_init(enabled=False), \
+      nn.intercept_methods(record):
     jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
   return list(dict.fromkeys(paths))
 
