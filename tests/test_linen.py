@@ -1,6 +1,7 @@
 """mxjax.linen modules: every module under every recipe, recipe changes between steps,
 re-tracing, and training numerics against f32."""
 
+import math
 import warnings
 
 import flax.linen as nn
@@ -14,7 +15,7 @@ from conftest import mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
 from mxjax import context, linen as mxl, state as state_lib
-from mxjax.quantize import fake_quantize
+from mxjax.quantize import fake_quantize, quantize_2x
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling)
 
@@ -126,6 +127,49 @@ def test_params_are_named_like_flax_and_partitioned():
   assert jax.tree.map(jnp.shape, nn.unbox(params)) == jax.tree.map(jnp.shape, reference)
   np.testing.assert_allclose(model.apply(variables, x),
                              nn.Dense(16).apply({"params": nn.unbox(params)}, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("features,axis", [(16, -1), ((8, 16), -1), ((4, 8, 16), -1),
+                                           ((8, 16), (-2, -1)), (32, (1, 2))])
+def test_dense_general_init_is_stock_flax_init(features, axis):
+  """Same rng, same params as nn.DenseGeneral, bit for bit: the initializers see the 2-D
+  shape (prod(in dims), prod(features)), so variance scaling gets stock's fan-in, also
+  with logical axes. Under quantized_model_init the kernel is stock's 2-D kernel,
+  quantized."""
+  x = jax.random.normal(jax.random.key(0), (2, 4, 64))
+  inits = dict(kernel_init=nn.initializers.variance_scaling(1.0, "fan_avg", "normal"),
+               bias_init=nn.initializers.normal(1.0))
+  want = nn.DenseGeneral(features, axis, **inits).init(jax.random.key(1), x)["params"]
+  got = mxl.DenseGeneral(features, axis, **inits).init(jax.random.key(1), x)["params"]
+  for name in ("kernel", "bias"):
+    np.testing.assert_array_equal(got[name], want[name])
+  names = ("a", "b", "c", "d")[:want["kernel"].ndim]
+  boxed = nn.with_logical_partitioning(inits["kernel_init"], names)
+  stock = nn.DenseGeneral(features, axis, kernel_init=boxed).init(jax.random.key(1), x)
+  for module in (mxl.DenseGeneral(features, axis, kernel_axes=names, **inits),
+                 mxl.DenseGeneral(features, axis, kernel_init=boxed)):
+    kernel = module.init(jax.random.key(1), x)["params"]["kernel"]
+    assert kernel.names == names
+    np.testing.assert_array_equal(kernel.value, stock["params"]["kernel"].value)
+
+  recipe = MXFP8BlockScaling()
+  kernel_2d = want["kernel"].reshape(-1, math.prod(np.atleast_1d(features)))
+  quantized = quantize_2x(kernel_2d, recipe.fwd_format, axes=(0, 1))
+  n_in = want["kernel"].ndim - np.atleast_1d(features).size
+  for module in (mxl.DenseGeneral(features, axis, **inits),
+                 mxl.DenseGeneral(features, axis, kernel_axes=names, **inits),
+                 mxl.DenseGeneral(features, axis, bias_init=inits["bias_init"],
+                                  kernel_init=nn.with_logical_partitioning(
+                                      inits["kernel_init"], names))):
+    with context.quantized_model_init(recipe=recipe):
+      variables = module.init(jax.random.key(1), x)
+    np.testing.assert_array_equal(variables["params"]["bias"], want["bias"])
+    kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]
+    if isinstance(kernel, nn.LogicallyPartitioned):
+      assert kernel.names == (names[0], names[n_in])
+    for a, b in zip(mxarray_bits(mxarrays(nn.unbox(kernel))), mxarray_bits(quantized),
+                    strict=True):
+      np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])

@@ -81,9 +81,17 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
             if all(a in mesh.shape for a in sharding.axis_names(e)) else None for e in axes]
 
 
-def _with_quantized_partitioning(fn: Callable, names) -> Callable:
-  """`nn.with_logical_partitioning` for an initializer of a quantized kernel."""
-  return lambda *args: QuantizedPartitioned(fn(*args), names)
+def _flat_init(init: Callable, flat_shape: tuple[int, ...]) -> Callable:
+  """`init` run on `flat_shape`, its value reshaped to the shape asked for (as
+  `nn.DenseGeneral`'s `kernel_init_wrap`): a variance-scaling initializer sees the fan-in
+  and fan-out of the 2-D product, and the values are stock Flax's. A box that `init`
+  returns (e.g. `nn.with_logical_partitioning`'s) keeps its metadata."""
+  def init_flat(key, shape, dtype=jnp.float32):
+    value = init(key, flat_shape, dtype)
+    if isinstance(value, nn.meta.AxisMetadata):
+      return nn.meta.replace_boxed(value, jnp.reshape(value.unbox(), shape))
+    return jnp.reshape(value, shape)
+  return init_flat
 
 
 class DenseGeneral(nn.Module):
@@ -95,7 +103,9 @@ class DenseGeneral(nn.Module):
     use_bias: add a bias of shape `features`.
     dtype: computation / output dtype; None: promoted from input and params.
     param_dtype: dtype of the high-precision params.
-    kernel_init, bias_init: Flax initializers (kernel shape `(*in_dims, *features)`).
+    kernel_init, bias_init: Flax initializers, called as `nn.DenseGeneral` calls them:
+      on the 2-D shape `(prod(in_dims), prod(features))` (bias: `(prod(features),)`),
+      reshaped to the kernel's `(*in_dims, *features)` (bias: `features`).
     kernel_axes, bias_axes: logical axis names (nn.with_logical_partitioning), or ().
     recipe: None means the autocast recipe.
     state_collection: the variable collection of the recipe state.
@@ -124,7 +134,7 @@ class DenseGeneral(nn.Module):
     kernel = self._kernel(in_dims + features, (k, n), len(in_dims))
     bias = None
     if self.use_bias:
-      bias_init = self.bias_init
+      bias_init = _flat_init(self.bias_init, (n,))
       if self.bias_axes:
         bias_init = nn.with_logical_partitioning(bias_init, self.bias_axes)
       bias = self.param("bias", bias_init, features, self.param_dtype)
@@ -161,11 +171,23 @@ class DenseGeneral(nn.Module):
             f"nn.vmap, ...) give it to the transform too (e.g. nn.scan's variable_axes="
             f"{{'params': 0, '{collection}': 0}}).")
       def quantized_init(key, shape, dtype):
-        w = self.kernel_init(key, shape, dtype).reshape(shape_2d)
-        return _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
-      if self.kernel_axes:  # the 2-D form keeps the axes of the leading in / feature dims
-        axes_2d = (self.kernel_axes[0], self.kernel_axes[n_in])
-        quantized_init = _with_quantized_partitioning(quantized_init, axes_2d)
+        # The initializer sees the 2-D form, as nn.DenseGeneral's: the same values.
+        w = self.kernel_init(key, shape_2d, dtype)
+        names, box = self.kernel_axes, {}
+        if isinstance(w, nn.meta.AxisMetadata):  # e.g. nn.with_logical_partitioning's
+          if self.kernel_axes or not isinstance(w, nn.LogicallyPartitioned):
+            raise TypeError(
+                f"{_module_path(self)}: under quantized_model_init, a kernel_init that "
+                f"returns {type(w).__name__} is supported only as nn.with_logical_"
+                f"partitioning's, without kernel_axes; give the logical axes as "
+                f"kernel_axes instead")
+          names, box = tuple(w.names), dict(mesh=w.mesh, rules=w.rules)
+          w = w.value
+        w = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+        if not names:
+          return w
+        # the 2-D form keeps the axes of the leading in / feature dims
+        return QuantizedPartitioned(w, (names[0], names[n_in]), **box)
       # The same "params" rng as `self.param` would draw: the same initial value.
       return self.variable(collection, "kernel", quantized_init, self.make_rng("params"),
                            shape, self.param_dtype).value
@@ -174,7 +196,7 @@ class DenseGeneral(nn.Module):
           f"{_module_path(self)} finds no kernel in 'params' or '{collection}': apply it "
           f"with all the collections init returned (a model initialized under "
           f"quantized_model_init keeps its frozen kernels in '{collection}').")
-    kernel_init = self.kernel_init
+    kernel_init = _flat_init(self.kernel_init, shape_2d)
     if self.kernel_axes:
       kernel_init = nn.with_logical_partitioning(kernel_init, self.kernel_axes)
     return self.param("kernel", kernel_init, shape, self.param_dtype)
