@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from conftest import mxarray_bits, mxarrays
+from conftest import bits_of, mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
 from mxjax import context, nnx as mxnnx
@@ -46,18 +46,19 @@ def test_delayed_state_forward_and_gradient_overwrite():
   recipe = DelayedScaling(amax_history_len=3)
   with context.autocast(recipe=recipe):
     layer = mxnnx.Linear(64, 16, rngs=nnx.Rngs(0))
-    assert layer.recipe_state.get_value().kind == "DelayedScaling"
+    assert layer.recipe_state.kind == "DelayedScaling"
     params_and_state = nnx.DiffState(0, nnx.Any(nnx.Param, mxnnx.RecipeStateVar))
     grads = nnx.grad(lambda m: jnp.sum(m(X)), argnums=params_and_state)(layer)
   amax_x = float(jnp.max(jnp.abs(X)))
-  forward = layer.recipe_state.get_value().tensors  # what the call stored
+  forward = nnx.as_pure(layer.recipe_state).tensors  # what the call stored
   np.testing.assert_allclose(forward["input"].amax_history, [amax_x, 0, 0], rtol=1e-6)
   np.testing.assert_array_equal(forward["grad"].amax_history, 0)
-  advanced = grads["recipe_state"].get_value().tensors  # the gradient: all roles
+  assert grads["kernel"].get_value().shape == (64, 16)
+  nnx.update(layer, nnx.state(grads, mxnnx.RecipeStateVar))  # the gradient: all roles
+  advanced = nnx.as_pure(layer.recipe_state).tensors
   np.testing.assert_allclose(advanced["grad"].amax_history, [1.0, 0, 0])
   np.testing.assert_allclose(advanced["grad"].scale, 57344.0)
   np.testing.assert_allclose(advanced["input"].scale, 448.0 / amax_x, rtol=1e-6)
-  assert grads["kernel"].get_value().shape == (64, 16)
 
 
 def test_recipe_change_warns_and_replaces_state():
@@ -66,18 +67,18 @@ def test_recipe_change_warns_and_replaces_state():
   with context.autocast(recipe=MXFP8BlockScaling()):
     with pytest.warns(UserWarning, match="Recipe type changed"):
       layer(X)
-    assert layer.recipe_state.get_value().kind == "MXFP8BlockScaling"
-    assert jax.tree.leaves(layer.recipe_state.get_value()) == []
+    assert layer.recipe_state.kind == "MXFP8BlockScaling"
+    assert not nnx.state(layer, mxnnx.RecipeStateVar)  # a stateless recipe: no arrays
 
 
 def test_quantized_init_and_mismatch():
   with context.quantized_model_init(recipe=MXFP8BlockScaling(), columnwise=False):
     layer = mxnnx.Linear(64, 32, use_bias=False, rngs=nnx.Rngs(0))
-  kernel = layer.kernel.get_value()
+  kernel = nnx.as_pure(layer.kernel)
   assert isinstance(kernel, MXArray) and kernel.axis == 0
-  # Frozen: a QuantizedKernel, not an nnx.Param.
-  assert type(layer.kernel) is mxnnx.QuantizedKernel
-  assert not jax.tree.leaves(nnx.state(layer, nnx.Param))
+  # Frozen: QuantizedKernel variables (the data and the scales), not an nnx.Param.
+  assert {path: type(v) for path, v in nnx.to_flat_state(nnx.state(layer))} == {
+      ("kernel", "data"): mxnnx.QuantizedKernel, ("kernel", "scales"): mxnnx.QuantizedKernel}
   with context.autocast(recipe=MXFP8BlockScaling()):
     y = layer(X)
   assert _rel(y, X @ kernel.dequantize()) < 0.06
@@ -105,7 +106,8 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   recipe = MXFP8BlockScaling()
   with context.quantized_model_init(recipe=recipe):
     model = _TwoLayers(nnx.Rngs(0))
-  kernels_before = mxarray_bits(mxarrays(nnx.state(model)))
+  kernels = lambda: mxarrays(nnx.as_pure([model.a.kernel, model.b.kernel]))  # noqa: E731
+  kernels_before = mxarray_bits(kernels())
   assert len(kernels_before) == 2 * 2 * 2  # 2 layers, an MXArray pair each
   biases_before = [np.asarray(model.a.bias.get_value()), np.asarray(model.b.bias.get_value())]
   with context.autocast(recipe=recipe):
@@ -123,9 +125,10 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   params = nnx.state(model, nnx.Param)
   for leaf in jax.tree.leaves(params):
     assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
-  assert not mxarrays(params)  # no quantized kernel among the trainable params
-  assert not mxarrays(nnx.state(opt, nnx.OptState))
-  for a, b in zip(mxarray_bits(mxarrays(nnx.state(model))), kernels_before, strict=True):
+  assert [path for path, _ in nnx.to_flat_state(params)] == [("a", "bias"), ("b", "bias")]
+  opt_shapes = {a.shape for a in jax.tree.leaves(nnx.state(opt, nnx.OptState))}
+  assert opt_shapes <= {(), (32,), (8,)}  # the biases' moments (and adam's count)
+  for a, b in zip(mxarray_bits(kernels()), kernels_before, strict=True):
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(model.a.bias.get_value(), biases_before[0])
   assert not np.array_equal(model.b.bias.get_value(), biases_before[1])
@@ -154,13 +157,71 @@ def test_quantized_kernel_with_partitioning_shards_each_array_evenly(axis_type, 
       model = nnx.jit(make)()
     with context.autocast(recipe=recipe):  # FSDP: the batch split too
       got = nnx.jit(lambda m, x: m(x))(model, jax.device_put(x, P("fsdp")))
-  kernel = model.kernel.get_value()
+  kernel = nnx.as_pure(model.kernel)
   along_k, along_n = kernel if columnwise else (kernel, None)
   assert (spec_of(along_k.data), spec_of(along_k.scales)) == (("fsdp", None), (None, None))
   if columnwise:  # scales [64, 8]: the rows split as the data's
     assert (spec_of(along_n.data), spec_of(along_n.scales)) == (("fsdp", None), ("fsdp", None))
-  for a, b in zip(jax.tree.leaves(kernel), jax.tree.leaves(want_model.kernel.get_value()),
+  for a, b in zip(jax.tree.leaves(kernel), jax.tree.leaves(nnx.as_pure(want_model.kernel)),
                   strict=True):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
   np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
                                 np.asarray(want).view(np.uint32))
+
+
+class _QuantizedAndDelayed(nnx.Module):
+  """FSDP-annotated kernels: [64, 256] quantized (MXFP8 pair), [256, 16] with DelayedScaling
+  state."""
+
+  def __init__(self):
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("fsdp", None))
+    with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+      self.q = mxnnx.Linear(64, 256, kernel_init=init, rngs=nnx.Rngs(0))
+    with context.autocast(recipe=DelayedScaling(amax_history_len=4)):
+      self.d = mxnnx.Linear(256, 16, kernel_init=init, rngs=nnx.Rngs(1))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_nnx_sharding_tools_and_orbax_restore_see_each_array(axis_type, tmp_path):
+  """nnx's own tools assume one array per variable: `nnx.get_abstract_model` (that is
+  `nnx.eval_shape` under a mesh), `nnx.get_partition_spec` + `with_sharding_constraint`,
+  and an orbax restore onto the abstract state give every array of a quantized kernel and
+  of a recipe state the sharding the model was created with, and the same bits."""
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+
+  kind = getattr(jax.sharding.AxisType, axis_type.capitalize())
+  mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(kind,))
+  with jax.set_mesh(mesh):
+    model = nnx.jit(_QuantizedAndDelayed)()
+    graphdef, abstract = nnx.get_abstract_model(_QuantizedAndDelayed, mesh)
+
+    @nnx.jit
+    def constrain(model):
+      state = nnx.state(model)
+      nnx.update(model, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
+      return model
+
+    constrained = nnx.state(constrain(model))
+  made = nnx.to_flat_state(nnx.state(model))
+  want = {
+      ("q", "kernel", 0, "data"): ("fsdp", None),  # blocks along 64: 2 scales, kept whole
+      ("q", "kernel", 0, "scales"): (None, None),
+      ("q", "kernel", 1, "data"): ("fsdp", None),  # blocks along 256: rows split
+      ("q", "kernel", 1, "scales"): ("fsdp", None),
+      ("d", "kernel"): ("fsdp", None),
+      ("d", "recipe_state", "tensors", "input", "amax_history"): (None,),
+  }
+  got = {path: spec_of(v.get_value()) for path, v in made}
+  assert {k: got[k] for k in want} == want
+  assert len([p for p, _ in made if "recipe_state" in p]) == 3 * 2  # 3 roles: history, scale
+  for tree in (abstract, constrained):
+    flat = dict(nnx.to_flat_state(tree))
+    assert {path: spec_of(v.get_value()) for path, v in flat.items()} == got
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "state", nnx.state(model))
+  checkpointer.wait_until_finished()
+  restored = nnx.to_flat_state(checkpointer.restore(tmp_path / "state", abstract))
+  for (path, a), (path_b, b) in zip(made, restored, strict=True):
+    assert path == path_b and spec_of(b.get_value()) == got[path]
+    np.testing.assert_array_equal(bits_of(a.get_value()), bits_of(b.get_value()))

@@ -1,18 +1,23 @@
 """mxjax's NNX `Linear`, whose GEMM follows the active recipe (`mxjax.autocast`).
 
-The recipe state lives in the `RecipeStateVar` variable `recipe_state`. Each call stores
-the state with this call's input and kernel amaxes recorded (the forward half of
-`mxjax.state`); a call under another recipe kind replaces it (warning `Recipe type
-changed`). The gradient of `recipe_state` is the fully advanced state (gradient
-overwrite), as in the linen modules: take `nnx.grad` with respect to
-`nnx.Any(nnx.Param, RecipeStateVar)` and assign the state part back to advance the
-gradient's amax history too.
+Every variable holds one array, as `nnx.Optimizer`'s state does, so nnx's own tools
+(`nnx.eval_shape` under a mesh, `nnx.get_partition_spec`, `nnx.get_abstract_model`,
+checkpoints) see each array with its own sharding.
 
-A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArray) is held
-in a `QuantizedKernel` variable, not an `nnx.Param`: it is frozen, so `nnx.grad` (whose
-default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave it alone.
-A `kernel_init` annotated with `nnx.with_partitioning` shards it per array at creation
-(`mxjax.sharding.leaf_specs`: the scales only where the mesh splits them evenly).
+The recipe state `recipe_state` is a `mxjax.state.RecipeState` whose arrays are
+`RecipeStateVar` variables (none for a stateless recipe). Each call stores the state with
+this call's input and kernel amaxes recorded (the forward half of `mxjax.state`); a call
+under another recipe kind replaces it (warning `Recipe type changed`). The gradient of
+the `RecipeStateVar`s is the fully advanced state (gradient overwrite), as in the linen
+modules: take `nnx.grad` with respect to `nnx.Any(nnx.Param, RecipeStateVar)` and assign
+the state part back (`nnx.update`) to advance the gradient's amax history too.
+
+A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArray) is an
+MXArray of `QuantizedKernel` variables, not an `nnx.Param`: it is frozen, so `nnx.grad`
+(whose default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave
+it alone. A `kernel_init` annotated with `nnx.with_partitioning` gives each array its own
+annotation (`mxjax.sharding.leaf_specs`: the scales split only where the mesh splits them
+evenly), and nnx shards it as it shards an annotated `nnx.Param`.
 """
 
 from __future__ import annotations
@@ -23,19 +28,28 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.core import meta
-from jax.sharding import AxisType, NamedSharding
 
 from mxjax import _gemm, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
 
 
 class RecipeStateVar(nnx.Variable):
-  """Holds a `mxjax.state.RecipeState`."""
+  """One array of a `mxjax.state.RecipeState` (an amax history or a scale, f32)."""
 
 
 class QuantizedKernel(nnx.Variable):
-  """Holds a kernel made under `mxjax.quantized_model_init`: frozen, not an `nnx.Param`
-  (an optimizer update of its E8M0 scales, even a zero one, would be NaN)."""
+  """One array (data or scales) of a kernel made under `mxjax.quantized_model_init`:
+  frozen, not an `nnx.Param` (an optimizer update of its E8M0 scales, even a zero one,
+  would be NaN)."""
+
+
+def _is_variable(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def _state_variables(recipe_state):
+  """A `RecipeState` as a module attribute: each array in a `RecipeStateVar`."""
+  return nnx.data(jax.tree.map(RecipeStateVar, recipe_state))
 
 
 class Linear(nnx.Module):
@@ -61,13 +75,13 @@ class Linear(nnx.Module):
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
-      self.kernel = QuantizedKernel(_quantized_kernel(w, qinit))
+      self.kernel = nnx.data(_quantized_kernel(w, qinit))
     else:
       self.kernel = nnx.Param(w)
     self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype))
                  if use_bias else None)
     init_recipe = self._recipe() or (qinit.recipe if qinit is not None else None)
-    self.recipe_state = RecipeStateVar(state_lib.init(init_recipe))
+    self.recipe_state = _state_variables(state_lib.init(init_recipe))
 
   def _recipe(self) -> Recipe | None:
     return self.recipe if self.recipe is not None else context.get_recipe()
@@ -75,7 +89,7 @@ class Linear(nnx.Module):
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
     """x [..., in_features] -> [..., out_features]; `out_sharding` (Explicit mesh axes) as
     in `flax.nnx.Linear`."""
-    kernel = self.kernel.get_value()
+    kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
     quantized = _gemm.is_quantized(kernel)
     dtype = self.dtype or jnp.result_type(
@@ -86,35 +100,35 @@ class Linear(nnx.Module):
     recipe, where = self._recipe(), f"nnx.Linear({self.in_features}, {self.out_features})"
     if quantized:
       _gemm.check_quantized_kernel(kernel, recipe, where)
-    stored = self.recipe_state.get_value()
+    stored = nnx.as_pure(self.recipe_state)
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
     held = stored if run_state is not stored else None
     y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
                                      dtype=dtype, where=where, out_sharding=out_sharding)
-    if replaced or run_state is stored:
-      self.recipe_state.set_value(forward_state)
+    if replaced:
+      self.recipe_state = _state_variables(forward_state)
+    elif run_state is stored:
+      jax.tree.map(lambda var, value: var.set_value(value), self.recipe_state, forward_state,
+                   is_leaf=_is_variable)
     if bias is not None:
       y = y + bias.astype(dtype)
     return y
 
 
 def _quantized_kernel(w, qinit: context.QuantizedInit):
-  """`w` quantized under `qinit`. Where `w` carries an `nnx.with_partitioning` annotation
-  (an `nnx.VariableMetadata`), each array is sharded as nnx shards an annotated variable
-  at creation (eager sharding), by its own spec (`mxjax.sharding.leaf_specs`)."""
-  metadata = w.metadata if isinstance(w, nnx.VariableMetadata) else {}
+  """`w` quantized under `qinit`, each array in a `QuantizedKernel`. Where `w` carries an
+  `nnx.with_partitioning` annotation (an `nnx.VariableMetadata`), each array gets the
+  annotation's entries that split it evenly (`mxjax.sharding.leaf_specs`) and the rest of
+  its metadata."""
+  metadata = dict(w.metadata) if isinstance(w, nnx.VariableMetadata) else {}
   w = w.raw_value if isinstance(w, nnx.VariableMetadata) else w
   kernel = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
-  if not (metadata.get("out_sharding")
-          and metadata.get("eager_sharding", nnx.using_eager_sharding())):
-    return kernel
+  annotation = metadata.get("out_sharding")
+  if not annotation:
+    return jax.tree.map(lambda a: QuantizedKernel(a, **metadata), kernel)
   mesh = metadata.get("mesh") or meta.get_global_mesh()
-  if mesh is None:
-    raise ValueError(f"mxjax.nnx.Linear: the kernel's annotation {metadata['out_sharding']} "
-                     "needs a mesh: set one with jax.set_mesh (or give with_partitioning "
-                     "a mesh).")
-  spec = tuple(nnx.spmd.get_var_pspec(nnx.Param(w, **{**metadata, "eager_sharding": False})))
-  specs = sharding.leaf_specs(kernel, spec, [sharding.shard_count(mesh, e) for e in spec])
-  explicit = all(t == AxisType.Explicit for t in mesh.axis_types)
-  place = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
-  return jax.tree.map(lambda a, s: place(a, NamedSharding(mesh, s)), kernel, specs)
+  on_mesh = nnx.spmd.get_var_pspec(nnx.Param(w, **{**metadata, "eager_sharding": False}))
+  counts = [None if mesh is None else sharding.shard_count(mesh, e) for e in on_mesh]
+  specs = sharding.leaf_specs(kernel, tuple(annotation), counts)
+  return jax.tree.map(
+      lambda a, s: QuantizedKernel(a, **{**metadata, "out_sharding": tuple(s)}), kernel, specs)
