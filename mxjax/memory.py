@@ -7,6 +7,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from mxjax.mxarray import MXArray
 
@@ -51,7 +52,14 @@ def _is_kernel(x) -> bool:
 
 
 def memory_report(variables) -> MemoryReport:
-  """Counts the bytes of every array and quantized kernel in `variables` (any pytree)."""
+  """Counts the bytes of every array and quantized kernel in `variables`: any pytree, e.g.
+  linen variables or an NNX module (not its `nnx.state`, which splits each quantized
+  kernel into arrays that no longer say their logical shape)."""
+  if isinstance(variables, nnx.State):
+    raise TypeError("mxjax.memory_report: pass the NNX module itself, not its nnx.state: "
+                    "the state holds each quantized kernel's data and scales as separate "
+                    "arrays (packed FP6 / FP4 codes among them), without the logical shape "
+                    "the f32 comparison needs")
   entries, total, f32, q_total, q_f32 = {}, 0, 0, 0, 0
   leaves = jax.tree_util.tree_flatten_with_path(variables, is_leaf=_is_kernel)[0]
   for path, leaf in leaves:

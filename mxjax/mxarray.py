@@ -85,6 +85,11 @@ class MXArray:
                     f"decoded: call .dequantize(dtype) for a bf16 / f16 / f32 array.")
 
   def __repr__(self) -> str:
+    if not hasattr(self.scales, "shape"):  # stand-ins, e.g. Flax's display of variables
+      return (f"MXArray(data={self.data!r}, scales={self.scales!r}, format={self.format}, "
+              f"axis_from_end={self.axis_from_end}, length={self.length}, "
+              f"block_size={self.block_size}, scale_mode={self.scale_mode}, "
+              f"dtype={jnp.dtype(self.dtype).name})")
     return (f"MXArray(format={self.format}, shape={self.shape}, axis={self.axis}, "
             f"block_size={self.block_size}, scale_mode={self.scale_mode}, "
             f"dtype={jnp.dtype(self.dtype).name})")

@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from mxjax import context, linen as mxl, memory, state as state_lib
+from mxjax import context, linen as mxl, memory, nnx as mxnnx, state as state_lib
 from mxjax.mxarray import MXArray
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
                            MXFP8BlockScaling, Recipe)
@@ -130,6 +131,19 @@ def test_memory_report_of_quantized_kernels(columnwise, expected):
   assert report.ratio == pytest.approx(expected, abs=1e-12)  # no other arrays
   hp = memory.memory_report(mxl.Dense(96, use_bias=False).init(jax.random.key(0), x))
   assert hp.ratio == 1.0 and hp.quantized_nbytes == 0
+
+
+def test_memory_report_of_an_nnx_module_and_not_of_its_state():
+  """MXFP4 (packed 2 codes a byte) pair of a [128, 96] kernel: (0.5 + 1/32) bytes per
+  element and copy, against 4. The module keeps the MXArrays; nnx.state splits them into
+  arrays, which would be counted as f32 of their packed shapes, so it is refused."""
+  with context.quantized_model_init(recipe=MXFP4BlockScaling()):
+    layer = mxnnx.Linear(128, 96, use_bias=False, rngs=nnx.Rngs(0))
+  report = memory.memory_report(layer)
+  assert report.quantized_f32_nbytes == 128 * 96 * 4
+  assert report.quantized_ratio == pytest.approx(2 * (0.5 + 1 / 32) / 4, abs=1e-12)
+  with pytest.raises(TypeError, match="pass the NNX module itself"):
+    memory.memory_report(nnx.state(layer))
 
 
 def test_quantized_kernel_runs_under_matching_recipe_and_dequantizes_when_off():

@@ -197,3 +197,61 @@ def test_requantizing_with_a_none_rule_restores_the_stock_product():
   with mxjax.autocast(recipe=MX):
     assert bool(jnp.all(model(x) == stock(x)))
   assert flax.nnx.graphdef(model) == flax.nnx.graphdef(stock)
+
+
+class _DefinedInCallOrder(nnx.Module):
+  """stem -> blocks 0..10 -> attention (query, key, value, out) -> mxjax head: names whose
+  sorted order (nnx's graph order) is not the call order."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.stem = nnx.Linear(D, D, rngs=rngs)
+    self.blocks = nnx.List([nnx.Linear(D, D, rngs=rngs) for _ in range(11)])
+    self.attn = nnx.MultiHeadAttention(HEADS, D, decode=False, rngs=rngs)
+    self.head = mxjax.nnx.Linear(D, VOCAB, rngs=rngs)
+
+  def __call__(self, x):
+    x = self.stem(x)
+    for block in self.blocks:
+      x = nnx.relu(block(x))
+    return self.head(self.attn(x))
+
+
+def test_gemm_paths_follow_definition_order_so_no_ends_keeps_the_real_ends():
+  model = _DefinedInCallOrder(nnx.Rngs(0))
+  want = (["stem"] + [f"blocks/{i}" for i in range(11)]
+          + ["attn/query", "attn/key", "attn/value", "attn/out", "head"])
+  assert mxjax.nnx.gemm_paths(model) == want
+  mxjax.nnx.quantize(model, mxjax.rules.preset("no_ends", want))
+  x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
+  with mxjax.autocast(recipe=MX):
+    stem, head, block = model.stem(x), model.head(x), model.blocks[0](x)
+  exact = lambda layer: x @ layer.kernel.get_value() + layer.bias.get_value()  # noqa: E731
+  assert jnp.array_equal(stem, exact(model.stem))  # the ends: high precision, exactly
+  assert jnp.array_equal(head, exact(model.head))
+  assert not jnp.allclose(block, exact(model.blocks[0]), rtol=1e-4, atol=1e-4)  # MXFP8
+
+
+def test_rules_choose_the_recipe_of_mxjax_own_linear_too():
+  """A rule matching an `mxjax.nnx.Linear` gives it the rule's recipe under an enabled
+  autocast (None: high precision), as for stock layers; its own `recipe` still wins."""
+  x = jax.random.normal(jax.random.key(1), (BATCH, D))
+  model = _DefinedInCallOrder(nnx.Rngs(0))
+  exact = x @ model.head.kernel.get_value() + model.head.bias.get_value()
+  mx4 = mxjax.MXFP4BlockScaling()
+  with mxjax.autocast(recipe=mx4):
+    want_mx4 = mxjax.nnx.Linear(D, VOCAB, recipe=mx4, rngs=nnx.Rngs(0))
+    want_mx4.kernel, want_mx4.bias = model.head.kernel, model.head.bias
+    want_mx4 = want_mx4(x)
+  mxjax.nnx.quantize(model, [("head", None)])
+  with mxjax.autocast(recipe=MX):
+    assert jnp.array_equal(model.head(x), exact)
+  mxjax.nnx.quantize(model, [("head", mx4)])
+  with mxjax.autocast(recipe=MX):
+    assert jnp.array_equal(model.head(x), want_mx4)
+  assert jnp.array_equal(model.head(x), exact)  # autocast off: high precision
+  own = mxjax.nnx.Linear(D, VOCAB, recipe=MX, rngs=nnx.Rngs(0))
+  own.kernel, own.bias = model.head.kernel, model.head.bias
+  with mxjax.autocast(recipe=MX):
+    want_mx8 = own(x)
+    mxjax.nnx.quantize(own, [("", None)])
+    assert jnp.array_equal(own(x), want_mx8)

@@ -225,3 +225,35 @@ def test_nnx_sharding_tools_and_orbax_restore_see_each_array(axis_type, tmp_path
   for (path, a), (path_b, b) in zip(made, restored, strict=True):
     assert path == path_b and spec_of(b.get_value()) == got[path]
     np.testing.assert_array_equal(bits_of(a.get_value()), bits_of(b.get_value()))
+
+
+def test_repr_of_a_quantized_layer_shows_each_array():
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), columnwise=False):
+    layer = mxnnx.Linear(64, 32, rngs=nnx.Rngs(0))
+  text = repr(layer)  # Flax's repr puts stand-ins for the variables inside the MXArray
+  assert text.count("QuantizedKernel(") == 2 and "format=e4m3" in text
+  assert "float8_e8m0fnu" in text and "shape=(2, 32)" in text  # the scales
+  assert "shape=(64, 32)" in repr(nnx.as_pure(layer.kernel))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+@pytest.mark.parametrize("quantized", [False, True], ids=["param", "quantized"])
+def test_kernel_metadata_shards_as_stock_nnx_linear(quantized):
+  """`kernel_metadata` / `bias_metadata` (Flax's other way to annotate) as in
+  `nnx.Linear`: the same specs and values as stock, per array when quantized."""
+  mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Explicit,))
+  kw = dict(kernel_metadata={"out_sharding": ("fsdp", None)},
+            bias_metadata={"out_sharding": ("fsdp",)}, use_bias=True)
+  with jax.set_mesh(mesh):
+    stock = nnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
+    with context.quantized_model_init(enabled=quantized, recipe=MXFP8BlockScaling()):
+      ours = mxnnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
+  assert ours.use_bias and spec_of(ours.bias.get_value()) == spec_of(stock.bias.get_value())
+  kernel = nnx.as_pure(ours.kernel)
+  if not quantized:
+    assert spec_of(kernel) == spec_of(stock.kernel.get_value()) == ("fsdp", None)
+    np.testing.assert_array_equal(bits_of(kernel), bits_of(stock.kernel.get_value()))
+    return
+  along_k, along_n = kernel  # blocks along 256 (8 of them) / along 64 (2 of them)
+  assert (spec_of(along_k.data), spec_of(along_k.scales)) == (("fsdp", None), ("fsdp", None))
+  assert (spec_of(along_n.data), spec_of(along_n.scales)) == (("fsdp", None), ("fsdp", None))

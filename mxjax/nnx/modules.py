@@ -22,7 +22,8 @@ evenly), and nnx shards it as it shards an annotated `nnx.Param`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -52,16 +53,23 @@ def _state_variables(recipe_state):
   return nnx.data(jax.tree.map(RecipeStateVar, recipe_state))
 
 
+#: `Linear.rule_recipe` of a layer that no `mxjax.nnx.quantize` rule matched.
+AUTOCAST = "autocast"
+
+
 class Linear(nnx.Module):
   """`x[..., in_features] . kernel[in, out] + bias` under the recipe.
 
   Args:
     in_features, out_features: the kernel is f32[in_features, out_features] (param_dtype);
-      under `mxjax.quantized_model_init`, quantized and held in a `QuantizedKernel`.
+      under `mxjax.quantized_model_init`, quantized, each array in a `QuantizedKernel`.
     use_bias: add a bias [out_features].
     dtype: computation / output dtype; None: promoted from input and params.
-    param_dtype, kernel_init, bias_init: as in `flax.nnx.Linear`.
-    recipe: None means the autocast recipe (none: high precision).
+    param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in
+      `flax.nnx.Linear`.
+    recipe: None means the autocast recipe (none: high precision), or, once
+      `mxjax.nnx.quantize` has given the layer a rule (`rule_recipe`), the rule's recipe
+      under an enabled autocast.
     rngs: `nnx.Rngs` for the initializers.
   """
 
@@ -69,22 +77,28 @@ class Linear(nnx.Module):
                dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Callable = nnx.initializers.lecun_normal(),
                bias_init: Callable = nnx.initializers.zeros_init(),
+               kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+               bias_metadata: Mapping[str, Any] = MappingProxyType({}),
                recipe: Recipe | None = None, rngs: nnx.Rngs):
-    self.in_features, self.out_features = in_features, out_features
+    self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
     self.dtype, self.param_dtype, self.recipe = dtype, param_dtype, recipe
+    self.rule_recipe = AUTOCAST
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
-      self.kernel = nnx.data(_quantized_kernel(w, qinit))
+      self.kernel = nnx.data(_quantized_kernel(w, qinit, kernel_metadata))
     else:
-      self.kernel = nnx.Param(w)
-    self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype))
-                 if use_bias else None)
+      self.kernel = nnx.Param(w, **kernel_metadata)
+    self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
+                           **bias_metadata) if use_bias else None)
     init_recipe = self._recipe() or (qinit.recipe if qinit is not None else None)
     self.recipe_state = _state_variables(state_lib.init(init_recipe))
 
   def _recipe(self) -> Recipe | None:
-    return self.recipe if self.recipe is not None else context.get_recipe()
+    if self.recipe is not None:
+      return self.recipe
+    autocast = context.get_recipe()
+    return autocast if autocast is None or self.rule_recipe == AUTOCAST else self.rule_recipe
 
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
     """x [..., in_features] -> [..., out_features]; `out_sharding` (Explicit mesh axes) as
@@ -115,12 +129,14 @@ class Linear(nnx.Module):
     return y
 
 
-def _quantized_kernel(w, qinit: context.QuantizedInit):
-  """`w` quantized under `qinit`, each array in a `QuantizedKernel`. Where `w` carries an
-  `nnx.with_partitioning` annotation (an `nnx.VariableMetadata`), each array gets the
-  annotation's entries that split it evenly (`mxjax.sharding.leaf_specs`) and the rest of
-  its metadata."""
-  metadata = dict(w.metadata) if isinstance(w, nnx.VariableMetadata) else {}
+def _quantized_kernel(w, qinit: context.QuantizedInit, kernel_metadata: Mapping[str, Any]):
+  """`w` quantized under `qinit`, each array in a `QuantizedKernel`. Where the metadata
+  (`kernel_metadata`, or `nnx.with_partitioning`'s `nnx.VariableMetadata` around `w`)
+  has an `out_sharding`, each array gets its entries that split it evenly
+  (`mxjax.sharding.leaf_specs`) and the rest of the metadata."""
+  metadata = dict(kernel_metadata)
+  if isinstance(w, nnx.VariableMetadata):
+    metadata.update(w.metadata)
   w = w.raw_value if isinstance(w, nnx.VariableMetadata) else w
   kernel = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
   annotation = metadata.get("out_sharding")

@@ -10,7 +10,13 @@
 checkpoint of it) is unchanged. Each product runs, at call time, under an enabled
 autocast, the recipe of its layer's rule (`mxjax.rules`; the path is the graph path
 joined by "/", e.g. `layers/0/attn/q_einsum`) or the autocast recipe; with autocast off
-it makes exactly the stock call. A rule's None leaves the layer untouched.
+it makes exactly the stock call. A rule's None leaves the layer untouched. mxjax's own
+`Linear` layers follow the rules too (their static `rule_recipe`), unless built with a
+`recipe` of their own.
+
+`gemm_paths` lists the layers in the order their attributes were assigned (nnx's graph
+sorts them by name), which is the call order of a model that defines its layers in the
+order it calls them; `mxjax.rules.preset("no_ends", ...)` takes its first and last.
 
 Per-tensor state has no place in an unchanged `nnx.state`: a layer reached by
 DelayedScaling raises an error naming it (`mxjax.nnx.Linear` keeps such state).
@@ -26,12 +32,8 @@ from jax import lax
 
 from mxjax import _gemm, context, rules as rules_lib, state as state_lib
 from mxjax.einsum import einsum_as_dot_general
-from mxjax.nnx.modules import Linear
+from mxjax.nnx.modules import AUTOCAST, Linear
 from mxjax.recipes import Recipe
-
-#: Stands for "the autocast recipe" in a product whose layer matched no rule.
-_AUTOCAST = "autocast"
-
 
 @dataclasses.dataclass(frozen=True)
 class MXProduct:
@@ -55,7 +57,7 @@ class MXProduct:
       stock = jnp.einsum if self.einsum else lax.dot_general
       return stock(*args, precision=precision, preferred_element_type=preferred_element_type,
                    out_sharding=out_sharding, **kwargs)
-    recipe = autocast if self.recipe == _AUTOCAST else self.recipe
+    recipe = autocast if self.recipe == AUTOCAST else self.recipe
     if recipe.stateful():
       raise ValueError(
           f"mxjax.nnx.quantize: layer '{self.path}' runs {type(recipe).__name__}, which keeps "
@@ -85,27 +87,38 @@ def _stock_product(layer) -> tuple[str, object] | None:
   return None
 
 
-def _path(path) -> str:
-  return "/".join(str(p) for p in path)
+def _definition_rank(model, path) -> list[int]:
+  """Where each step of `path` was assigned in its parent (attribute order; an index in
+  a sequence), as a sort key: nnx's graph order sorts attribute names instead."""
+  rank, node = [], model
+  for name in path:
+    keys = (list(node) if isinstance(node, dict) else range(len(node))
+            if isinstance(node, (list, tuple)) else list(vars(node)))
+    keys = [str(k) for k in keys]
+    rank.append(keys.index(str(name)) if str(name) in keys else len(keys))
+    node = (node[name] if isinstance(node, (dict, list, tuple))
+            else getattr(node, str(name), None))
+  return rank
 
 
-def _layers(model):
-  """(path, layer, product attribute, stock value) of each stock GEMM layer, graph order."""
-  for path, node in nnx.iter_graph(model):
-    product = _stock_product(node)
-    if product is not None:
-      yield _path(path), node, *product
+def _gemm_layers(model):
+  """(path, layer) of each stock Linear / LinearGeneral / Einsum and mxjax Linear layer,
+  in the order the model assigned them."""
+  layers = [(path, node) for path, node in nnx.iter_graph(model)
+            if _stock_product(node) is not None or isinstance(node, Linear)]
+  layers.sort(key=lambda item: _definition_rank(model, item[0]))
+  return [("/".join(str(p) for p in path), node) for path, node in layers]
 
 
 def gemm_paths(model: nnx.Module) -> list[str]:
   """The graph paths of a model's stock Linear, LinearGeneral and Einsum layers and
-  mxjax's own Linear layers, in graph order."""
-  return [_path(path) for path, node in nnx.iter_graph(model)
-          if _stock_product(node) is not None or isinstance(node, Linear)]
+  mxjax's own Linear layers, in the order the model assigned them (see above)."""
+  return [path for path, _ in _gemm_layers(model)]
 
 
 def quantize(model: nnx.Module, rules=None) -> nnx.Module:
-  """Gives every stock Linear / LinearGeneral / Einsum of `model` an MX product, in place.
+  """Gives every stock Linear / LinearGeneral / Einsum of `model` an MX product, and every
+  mxjax `Linear` its rule's recipe (`rule_recipe`), in place.
 
   Args:
     model: an `nnx.Module`.
@@ -121,9 +134,13 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
     raise TypeError(f"mxjax.nnx.quantize needs an nnx.Module, got {type(model).__name__}")
   rules = rules_lib.check(rules, "mxjax.nnx.quantize rules")
   plan = []
-  for path, layer, attr, stock in _layers(model):
+  for path, layer in _gemm_layers(model):
     rule = rules_lib.match(rules, path)
-    recipe = _AUTOCAST if rule is None else rule[1]
+    recipe = AUTOCAST if rule is None else rule[1]
+    if isinstance(layer, Linear):
+      plan.append((layer, "rule_recipe", recipe))
+      continue
+    attr, stock = _stock_product(layer)
     current = getattr(layer, attr)
     ours = isinstance(current, MXProduct)
     if recipe is None:
