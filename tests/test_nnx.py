@@ -257,3 +257,26 @@ def test_kernel_metadata_shards_as_stock_nnx_linear(quantized):
   along_k, along_n = kernel  # blocks along 256 (8 of them) / along 64 (2 of them)
   assert (spec_of(along_k.data), spec_of(along_k.scales)) == (("fsdp", None), ("fsdp", None))
   assert (spec_of(along_n.data), spec_of(along_n.scales)) == (("fsdp", None), ("fsdp", None))
+
+
+def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
+  """nnx.bridge.ToLinen builds the layer again in each apply: a quantized kernel's
+  variables fit only a layer built under quantized_model_init, which the error names.
+  Applied so, it is the NNX layer holding the same arrays, bit for bit."""
+  from flax.nnx import bridge  # noqa: PLC0415
+  recipe = MXFP8BlockScaling()
+  linen_layer = bridge.ToLinen(mxnnx.Linear, args=(64, 32))
+  with context.quantized_model_init(recipe=recipe):
+    variables = linen_layer.init(jax.random.key(0), X)
+    layer = mxnnx.Linear(64, 32, rngs=nnx.Rngs(1))
+  for copy, arrays in zip(layer.kernel, variables["QuantizedKernel"]["kernel"].values(),
+                          strict=True):
+    copy.data.set_value(arrays["data"])
+    copy.scales.set_value(arrays["scales"])
+  layer.bias.set_value(variables["params"]["bias"])
+  with context.autocast(recipe=recipe):
+    with pytest.raises(TypeError, match="run apply under quantized_model_init too"):
+      linen_layer.apply(variables, X)
+    with context.quantized_model_init(recipe=recipe):
+      y = linen_layer.apply(variables, X)
+    np.testing.assert_array_equal(bits_of(y), bits_of(layer(X)))

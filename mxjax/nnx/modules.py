@@ -106,6 +106,12 @@ class Linear(nnx.Module):
     kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
     quantized = _gemm.is_quantized(kernel)
+    if not (quantized or hasattr(kernel, "dtype")):
+      raise TypeError(
+          f"mxjax.nnx.Linear({self.in_features}, {self.out_features}): the kernel holds "
+          f"{type(kernel).__name__}, not an array: a quantized kernel's variables were given "
+          "to a layer built outside mxjax.quantized_model_init (nnx.bridge.ToLinen builds "
+          "the layer again in every apply: run apply under quantized_model_init too)")
     dtype = self.dtype or jnp.result_type(
         x.dtype, self.param_dtype if quantized else kernel.dtype,
         *([bias.dtype] if bias is not None else []))
