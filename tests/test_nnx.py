@@ -280,3 +280,12 @@ def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
     with context.quantized_model_init(recipe=recipe):
       y = linen_layer.apply(variables, X)
     np.testing.assert_array_equal(bits_of(y), bits_of(layer(X)))
+
+
+def test_precision_reaches_the_high_precision_product_as_in_nnx_linear():
+  stock = nnx.Linear(64, 16, precision=jax.lax.Precision.HIGHEST, rngs=nnx.Rngs(0))
+  ours = mxnnx.Linear(64, 16, precision=jax.lax.Precision.HIGHEST, rngs=nnx.Rngs(0))
+  jaxpr = lambda layer: str(jax.make_jaxpr(layer)(X))  # noqa: E731
+  assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(stock)
+  assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(ours)
+  np.testing.assert_array_equal(bits_of(ours(X)), bits_of(stock(X)))

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 from flax.core import meta
 
 from mxjax import _gemm, context, sharding, state as state_lib
@@ -67,6 +68,8 @@ class Linear(nnx.Module):
     dtype: computation / output dtype; None: promoted from input and params.
     param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in
       `flax.nnx.Linear`.
+    precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
+      products fix their own).
     recipe: None means the autocast recipe (none: high precision), or, once
       `mxjax.nnx.quantize` has given the layer a rule (`rule_recipe`), the rule's recipe
       under an enabled autocast.
@@ -79,10 +82,11 @@ class Linear(nnx.Module):
                bias_init: Callable = nnx.initializers.zeros_init(),
                kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
                bias_metadata: Mapping[str, Any] = MappingProxyType({}),
-               recipe: Recipe | None = None, rngs: nnx.Rngs):
+               precision: lax.PrecisionLike = None, recipe: Recipe | None = None,
+               rngs: nnx.Rngs):
     self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
-    self.dtype, self.param_dtype, self.recipe = dtype, param_dtype, recipe
-    self.rule_recipe = AUTOCAST
+    self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
+    self.recipe, self.rule_recipe = recipe, AUTOCAST
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
@@ -124,7 +128,8 @@ class Linear(nnx.Module):
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
     held = stored if run_state is not stored else None
     y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
-                                     dtype=dtype, where=where, out_sharding=out_sharding)
+                                     dtype=dtype, where=where, precision=self.precision,
+                                     out_sharding=out_sharding)
     if replaced:
       self.recipe_state = _state_variables(forward_state)
     elif run_state is stored:
