@@ -394,13 +394,15 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
 @pytest.mark.parametrize("columnwise", [True, False], ids=["pair", "rowwise"])
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
-def test_quantized_kernel_axes_shard_each_array_evenly(axis_type, columnwise):
+@pytest.mark.parametrize("names", ["logical", "mesh"])
+def test_quantized_kernel_axes_shard_each_array_evenly(names, axis_type, columnwise):
   """FSDP of a quantized kernel [64, 256] over 8 devices, by Flax's jit-init flow
-  (eval_shape, get_partition_spec, out_shardings): the data splits as its logical axes
-  ask; the scales along the blocks (2 of them along 64) cannot and stay whole. The
-  kernel and the output are the unsharded ones, bit for bit."""
+  (eval_shape; get_partition_spec + logical rules, or mesh-axis names + get_sharding;
+  out_shardings): the data splits as its axes ask; the scales along the blocks (2 of them
+  along 64) cannot and stay whole. The kernel and the output are the unsharded ones, bit
+  for bit."""
   recipe = MXFP8BlockScaling()
-  model = mxl.Dense(256, kernel_axes=("embed", "mlp"))
+  model = mxl.Dense(256, kernel_axes=("embed", "mlp") if names == "logical" else ("fsdp", None))
   x = jax.random.normal(jax.random.key(2), (64, 64))  # 8 rows a device: the same GEMM
   with context.quantized_model_init(recipe=recipe, columnwise=columnwise):
     want_vars = model.init(jax.random.key(1), x)
@@ -410,8 +412,9 @@ def test_quantized_kernel_axes_shard_each_array_evenly(axis_type, columnwise):
   mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(kind,))
   with jax.set_mesh(mesh), context.quantized_model_init(recipe=recipe, columnwise=columnwise):
     abstract = jax.eval_shape(lambda k: model.init(k, x), jax.random.key(1))
-    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh,
-                                            (("embed", "fsdp"), ("mlp", None)))
+    shardings = (nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh,
+                                             (("embed", "fsdp"), ("mlp", None)))
+                 if names == "logical" else nn.get_sharding(abstract, mesh))
     variables = nn.unbox(jax.jit(lambda k: model.init(k, x), out_shardings=shardings)(
         jax.random.key(1)))
   kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from mxjax import _gemm, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
@@ -55,6 +56,12 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
   def get_partition_spec(self) -> QuantizedPartitioned:
     """This box with a PartitionSpec in place of each array (a prefix of this box)."""
     return self.replace_boxed(self._leaf_specs())
+
+  def get_sharding(self, mesh: jax.sharding.Mesh) -> QuantizedPartitioned:
+    """This box with a NamedSharding in place of each array (`nn.get_sharding`; the names
+    are taken as mesh axes, as `nn.Partitioned.get_sharding` takes them)."""
+    return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                                           self._leaf_specs()))
 
   def unbox(self, apply_constraint=True):
     """The value; arrays constrained to their specs under a mesh (not specs or shardings:
