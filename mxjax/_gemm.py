@@ -160,7 +160,7 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   next_state = recipe_state
   if recipe is None:
     if quantized:
-      kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(dtype)
+      kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(x.dtype)
     y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype,
                         out_sharding=out_sharding)
   elif recipe.mx():

@@ -289,3 +289,26 @@ def test_precision_reaches_the_high_precision_product_as_in_nnx_linear():
   assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(stock)
   assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(ours)
   np.testing.assert_array_equal(bits_of(ours(X)), bits_of(stock(X)))
+
+
+def test_preferred_element_type_sets_the_output_dtype_as_in_nnx_linear():
+  """bf16 operands, f32 output: stock's bits in high precision, the MX product's f32 output
+  (which rounds to its bf16 output) under a recipe, and a quantized kernel's high-precision
+  product on bf16 operands."""
+  kw = dict(dtype=jnp.bfloat16, preferred_element_type=jnp.float32)
+  stock = nnx.Linear(64, 16, **kw, rngs=nnx.Rngs(0))
+  ours = mxnnx.Linear(64, 16, **kw, rngs=nnx.Rngs(0))
+  assert ours(X).dtype == stock(X).dtype == jnp.float32
+  np.testing.assert_array_equal(bits_of(ours(X)), bits_of(stock(X)))
+  bf16_out = mxnnx.Linear(64, 16, use_bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  f32_out = mxnnx.Linear(64, 16, use_bias=False, **kw, rngs=nnx.Rngs(0))
+  with context.autocast(recipe=MXFP8BlockScaling()):
+    y = f32_out(X)
+    assert y.dtype == jnp.float32
+    np.testing.assert_array_equal(bits_of(y.astype(jnp.bfloat16)), bits_of(bf16_out(X)))
+  assert _rel(y, X @ f32_out.kernel.get_value()) < 0.05
+  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+    frozen = mxnnx.Linear(64, 16, use_bias=False, **kw, rngs=nnx.Rngs(0))
+  w = nnx.as_pure(frozen.kernel)[0].dequantize(jnp.bfloat16)
+  expect = jax.lax.dot(X.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+  np.testing.assert_array_equal(bits_of(frozen(X)), bits_of(expect))

@@ -65,7 +65,9 @@ class Linear(nnx.Module):
     in_features, out_features: the kernel is f32[in_features, out_features] (param_dtype);
       under `mxjax.quantized_model_init`, quantized, each array in a `QuantizedKernel`.
     use_bias: add a bias [out_features].
-    dtype: computation / output dtype; None: promoted from input and params.
+    dtype: computation dtype; None: promoted from input and params.
+    preferred_element_type: the product's output dtype (None: `dtype`), as in
+      `flax.nnx.Linear` (e.g. bf16 operands, f32 output).
     param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in
       `flax.nnx.Linear`.
     precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
@@ -82,10 +84,11 @@ class Linear(nnx.Module):
                bias_init: Callable = nnx.initializers.zeros_init(),
                kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
                bias_metadata: Mapping[str, Any] = MappingProxyType({}),
-               precision: lax.PrecisionLike = None, recipe: Recipe | None = None,
-               rngs: nnx.Rngs):
+               precision: lax.PrecisionLike = None, preferred_element_type: Any = None,
+               recipe: Recipe | None = None, rngs: nnx.Rngs):
     self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
     self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
+    self.preferred_element_type = preferred_element_type
     self.recipe, self.rule_recipe = recipe, AUTOCAST
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
@@ -128,7 +131,8 @@ class Linear(nnx.Module):
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
     held = stored if run_state is not stored else None
     y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
-                                     dtype=dtype, where=where, precision=self.precision,
+                                     dtype=self.preferred_element_type or dtype, where=where,
+                                     precision=self.precision,
                                      out_sharding=out_sharding)
     if replaced:
       self.recipe_state = _state_variables(forward_state)
