@@ -172,6 +172,17 @@ def test_dense_general_init_is_stock_flax_init(features, axis):
       np.testing.assert_array_equal(a, b)
 
 
+def test_precision_reaches_the_high_precision_product_as_in_nn_dense():
+  x = jax.random.normal(jax.random.key(0), (4, 64))
+  highest = jax.lax.Precision.HIGHEST
+  stock, ours = nn.Dense(16, precision=highest), mxl.Dense(16, precision=highest)
+  params = stock.init(jax.random.key(1), x)
+  jaxpr = lambda m: str(jax.make_jaxpr(m.apply)(params, x))  # noqa: E731
+  assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(stock)
+  assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(ours)
+  np.testing.assert_array_equal(ours.apply(params, x), stock.apply(params, x))
+
+
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 def test_layernorm_dense_matches_flax_composition(norm_type):
   x = jax.random.normal(jax.random.key(0), (4, 32)) * 3 + 1

@@ -116,6 +116,8 @@ class DenseGeneral(nn.Module):
     kernel_axes, bias_axes: logical axis names (nn.with_logical_partitioning), or ().
     recipe: None means the autocast recipe.
     state_collection: the variable collection of the recipe state.
+    precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
+      products fix their own), as in `nn.Dense`.
   """
 
   features: int | Sequence[int]
@@ -129,6 +131,7 @@ class DenseGeneral(nn.Module):
   bias_axes: tuple[str, ...] = ()
   recipe: Recipe | None = None
   state_collection: str = state_lib.STATE_COLLECTION
+  precision: jax.lax.PrecisionLike = None
 
   @nn.compact
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
@@ -216,7 +219,8 @@ class DenseGeneral(nn.Module):
     if recipe is None and self.is_initializing() and context.get_quantized_init() is not None:
       recipe = context.get_quantized_init().recipe  # the state made at init follows it
     return project_with_state(self, x2, kernel, recipe, collection=self.state_collection,
-                              dtype=dtype, where=_module_path(self), out_sharding=out_sharding)
+                              dtype=dtype, where=_module_path(self), precision=self.precision,
+                              out_sharding=out_sharding)
 
 
 def layer_path(module: nn.Module) -> str:
