@@ -144,6 +144,30 @@ def _dense_variables(recipe, collection=state_lib.STATE_COLLECTION):
   return model, variables, x
 
 
+@pytest.mark.parametrize("recipe", [Float8CurrentScaling(), DelayedScaling(amax_history_len=4)],
+                         ids=["current", "delayed"])
+def test_a_zero_size_batch_runs_as_in_stock_dense(recipe):
+  """A batch of 0 rows: stock's empty output and zero kernel gradient, and a delayed state
+  that stays finite (an empty tensor's amax is 0, as an all-zero tensor's)."""
+  model, variables, x = _dense_variables(recipe)
+  empty = x[:0]
+
+  def loss(params, x):
+    with context.autocast(recipe=recipe):
+      y = model.apply({**variables, "params": params}, x)
+    return jnp.sum(y), y
+
+  grads, y = jax.grad(loss, has_aux=True)(variables["params"], empty)
+  stock = nn.Dense(8).apply({"params": variables["params"]}, empty)
+  assert y.shape == stock.shape == (0, 8)
+  np.testing.assert_array_equal(grads["kernel"], np.zeros((32, 8)))
+  if recipe.stateful():
+    with context.autocast(recipe=recipe):
+      _, mutated = model.apply(variables, empty, mutable=["mx_state"])
+    for tensor in mutated["mx_state"]["recipe_state"].tensors.values():
+      assert np.isfinite(tensor.scale).all() and np.isfinite(tensor.amax_history).all()
+
+
 def test_mutable_apply_records_forward_amaxes():
   recipe = DelayedScaling(amax_history_len=4)
   model, variables, x = _dense_variables(recipe)
