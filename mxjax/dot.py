@@ -119,21 +119,42 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
 
 
 def matmul(a, b, **kwargs) -> jax.Array:
-  """`a @ b` for a of shape [..., M, K] and b of shape [K, N] (or [..., K, N], batched
-  like a), via `dot_general`; keyword arguments as there."""
+  """`a @ b` with `jnp.matmul`'s shapes, via `dot_general` (keyword arguments as there).
+
+  a [..., M, K] (or [K]: a vector) and b [..., K, N] (or [K]); batch dims broadcast as in
+  `jnp.matmul`, and a vector's dim is dropped from the output. An MXArray (or pair) operand
+  keeps its shape: b [K, N], or batch dims equal to the other's; `out_sharding` needs
+  operands of rank >= 2 and no broadcasting.
+  """
   a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
-  if len(a_shape) < 1 or len(b_shape) < 2:
-    raise ValueError(f"mxjax.matmul needs a of rank >= 1 and b of rank >= 2; got {a_shape}, "
-                     f"{b_shape}")
-  if len(b_shape) == 2:
-    dims = (((len(a_shape) - 1,), (0,)), ((), ()))
-  else:
-    if len(a_shape) != len(b_shape):
-      raise ValueError(f"mxjax.matmul: batched operands need equal ranks; got {a_shape}, "
-                       f"{b_shape}")
-    batch = tuple(range(len(a_shape) - 2))
+  if not a_shape or not b_shape:
+    raise ValueError(f"mxjax.matmul needs operands of rank >= 1; got {a_shape}, {b_shape}")
+  if len(b_shape) == 2 or (len(a_shape) == len(b_shape) and a_shape[:-2] == b_shape[:-2]):
+    batch = tuple(range(len(b_shape) - 2))
     dims = (((len(a_shape) - 1,), (len(b_shape) - 2,)), (batch, batch))
-  return dot_general(a, b, dims, **kwargs)
+    return dot_general(a, b, dims, **kwargs)
+  vectors = [x for x, shape in ((a, a_shape), (b, b_shape)) if len(shape) == 1]
+  if not all(_is_array(x) for x in (a, b)) or kwargs.get("out_sharding") is not None:
+    raise ValueError(
+        f"mxjax.matmul: operands {a_shape} @ {b_shape} need a vector operand or broadcast "
+        "batch dims, which only arrays without out_sharding take; quantize after "
+        "broadcasting, or broadcast first")
+  a2 = a[None, :] if len(a_shape) == 1 else a
+  b2 = b[:, None] if len(b_shape) == 1 else b
+  try:
+    batch_shape = jnp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+  except ValueError:
+    raise ValueError(f"mxjax.matmul: batch dims of {a_shape} and {b_shape} do not "
+                     "broadcast") from None
+  if len(b2.shape) > 2 or len(a2.shape) > 2:
+    a2 = jnp.broadcast_to(a2, batch_shape + a2.shape[-2:])
+    b2 = jnp.broadcast_to(b2, batch_shape + b2.shape[-2:])
+  y = matmul(a2, b2, **kwargs)
+  if vectors and len(b_shape) == 1:
+    y = y[..., 0]
+  if vectors and len(a_shape) == 1:
+    y = y[..., 0, :] if len(b_shape) > 1 else y[..., 0]
+  return y
 
 
 # ---------------------------------------------------------------------------------------

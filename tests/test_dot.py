@@ -120,6 +120,48 @@ def test_errors_are_clear():
     mxjax.matmul(x, jnp.ones((32, 8)), block_size=48)
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((2, 5, 64), (1, 64, 7)), ((2, 3, 5, 64), (3, 64, 7)), ((5, 64), (2, 64, 7)),
+    ((1, 5, 64), (2, 64, 7)), ((5, 64), (64,)), ((64,), (64,)), ((64,), (2, 64, 7)),
+    ((2, 5, 64), (64,))])
+def test_matmul_takes_jnp_matmul_shapes(a_shape, b_shape):
+  """Broadcast batch dims and vector operands: jnp.matmul's output shape, the values and
+  gradients of the MX product of the operands broadcast by hand (jnp.matmul's meaning)."""
+  a = jax.random.normal(jax.random.key(0), a_shape)
+  b = jax.random.normal(jax.random.key(1), b_shape)
+  as_matrices = lambda a, b: (a[None] if a.ndim == 1 else a,  # noqa: E731
+                               b[:, None] if b.ndim == 1 else b)
+
+  def by_hand(a, b):
+    a2, b2 = as_matrices(a, b)
+    batch = jnp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    a2 = jnp.broadcast_to(a2, batch + a2.shape[-2:])
+    b2 = jnp.broadcast_to(b2, batch + b2.shape[-2:])
+    n = len(batch)
+    y = mxjax.dot_general(a2, b2, (((n + 1,), (n,)), (tuple(range(n)),) * 2))
+    return y.reshape(jnp.matmul(a, b).shape)
+
+  y = mxjax.matmul(a, b)
+  assert y.shape == jnp.matmul(a, b).shape
+  np.testing.assert_array_equal(y, by_hand(a, b))
+  exact = jnp.matmul(a, b, precision=HIGHEST)
+  assert float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact)) < 0.06  # E4M3
+  loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))  # noqa: E731
+  for got, want in zip(jax.grad(loss(mxjax.matmul), (0, 1))(a, b),
+                       jax.grad(loss(by_hand), (0, 1))(a, b), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_matmul_shapes_it_cannot_take_are_named():
+  x = jnp.ones((2, 5, 64))
+  with pytest.raises(ValueError, match="rank >= 1"):
+    mxjax.matmul(x, jnp.float32(2.0))
+  with pytest.raises(ValueError, match="do not broadcast"):
+    mxjax.matmul(x, jnp.ones((3, 64, 7)))
+  with pytest.raises(ValueError, match="only arrays"):
+    mxjax.matmul(x, mxjax.quantize(jnp.ones((1, 64, 7)), axis=1))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_dtypes(dtype):
   x = jnp.ones((8, 32), dtype)
