@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from mxjax import formats, state as state_lib
+from mxjax.quantize import _no_derivative
 from mxjax.recipes import Recipe
 
 _FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
@@ -124,9 +125,15 @@ def _fp8_dot_fwd(config, lhs, rhs, tensors):
   return out, (q_in, q_k, s_in, s_k, amaxes, tensors)
 
 
+# The cotangent, as the backward reads it: differentiating the backward (grad of grad,
+# jax.hessian) raises instead of differentiating its quantizers (an all-NaN Hessian).
+_once = _no_derivative(lambda g: g, "mxjax's per-tensor FP8 product's gradient")
+
+
 def _fp8_dot_bwd(config: _Config, residuals, cotangents):
   q_in, q_k, s_in, s_k, amaxes, tensors = residuals
   g, _ = cotangents  # the amaxes output is not differentiable
+  g = _once(g)
   s_g, a_g = _scale(g, config, tensors, "grad")
   q_g = quantize_per_tensor(g, s_g, config.recipe.bwd_format)
   # The VJP of a dot is a pair of dots: run them on the FP8 values (widened exactly).

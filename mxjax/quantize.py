@@ -124,7 +124,7 @@ def _no_derivative(op, name: str):
   def _jvp(primals, tangents):
     del primals, tangents
     raise TypeError(
-        f"{name} has no derivative (MX codes are piecewise constant), and mxjax's products "
+        f"{name} has no derivative (its codes are piecewise constant), and mxjax's products "
         f"(dot_general, einsum, Dense) differentiate once, in reverse mode (jax.grad, "
         f"jax.vjp). For a straight-through gradient use mxjax.fake_quantize; to quantize a "
         f"value as a constant, pass it through jax.lax.stop_gradient first.")
@@ -250,7 +250,7 @@ def _fake_quantize_op(fmt, block_size: int, mode, axis: int, dtype):
     del axis_size, in_batched
     return _fake_quantize_op(fmt, block_size, mode, axis + 1, dtype)(x), True
 
-  return jax.jit(op)
+  return jax.jit(_no_derivative(op, "mxjax.fake_quantize's quantizer"))
 
 
 # ---------------------------------------------------------------------------------------

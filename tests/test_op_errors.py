@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import reference
+from mxjax import fp8, reference
 
 X = jnp.ones((4, 64), jnp.float32)
 
@@ -126,6 +126,11 @@ NO_DERIVATIVE = [
                                    data=x.astype(jnp.float8_e4m3fn)).dequantize()),
     ("mxjax.quantize_2x", lambda x: jax.grad(  # second order through the MX product
         lambda w: mxjax.matmul(X, w).sum())(x)),
+    ("mxjax.fake_quantize's quantizer", lambda x: jax.grad(  # second order through QAT
+        lambda y: jnp.sum(mxjax.fake_quantize(y) ** 3))(x)),
+    ("mxjax's per-tensor FP8 product's gradient", lambda x: jax.grad(  # was an all-NaN Hessian
+        lambda w: jnp.sum(fp8.dot_general(X, w, (((1,), (0,)), ((), ())),
+                                          mxjax.Float8CurrentScaling(), None)[0] ** 2))(x)),
 ]
 
 
