@@ -10,7 +10,7 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 
-from mxjax import formats
+from mxjax import _export_pytrees, formats
 
 
 @jax.tree_util.register_dataclass
@@ -108,3 +108,5 @@ flax.serialization.register_serialization_state(
     lambda target, state: dataclasses.replace(
         target, data=flax.serialization.from_state_dict(target.data, state["data"]),
         scales=flax.serialization.from_state_dict(target.scales, state["scales"])))
+# jax.export's route (an exported function that takes or returns MXArrays).
+_export_pytrees.register(MXArray, "MXArray")

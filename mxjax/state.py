@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from mxjax import formats
+from mxjax import _export_pytrees, formats
 from mxjax.recipes import Recipe
 
 STATE_COLLECTION = "mx_state"
@@ -67,6 +67,10 @@ class RecipeState:
 
   tensors: Mapping[str, TensorScaling]
   kind: str = struct.field(pytree_node=False)
+
+
+_export_pytrees.register(TensorScaling, "TensorScaling")
+_export_pytrees.register(RecipeState, "RecipeState")
 
 
 def kind_of(recipe: Recipe | None) -> str:

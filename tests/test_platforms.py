@@ -153,6 +153,33 @@ def test_export_under_xla_kernels(restore_kernels):
   np.testing.assert_array_equal(exported.call(x, w), want)
 
 
+def test_exported_train_step_on_mxjax_pytrees_serializes(restore_kernels):
+  """A jitted step whose arguments and results hold mxjax's pytrees (a DelayedScaling
+  RecipeState, quantized kernels as MXArrays) survives Exported.serialize / deserialize:
+  the same bits as jit, the same output structure."""
+  from mxjax import linen as mxl
+  from mxjax.recipes import DelayedScaling, MXFP8BlockScaling
+  backend.set_kernels("xla")
+  x = jax.random.normal(jax.random.key(0), (4, 64))
+  recipe = DelayedScaling(amax_history_len=4)
+  model = mxl.Dense(32)
+  with mxjax.autocast(recipe=recipe):
+    variables = model.init(jax.random.key(1), x)
+
+  def step(variables, x):
+    with mxjax.autocast(recipe=recipe):
+      return model.apply(variables, x, mutable=["mx_state"])
+
+  with mxjax.quantized_model_init(recipe=MXFP8BlockScaling()):
+    frozen = model.init(jax.random.key(1), x)
+  for fn, args in ((step, (variables, x)), (model.apply, (frozen, x))):
+    exported = jax.export.deserialize(jax.export.export(jax.jit(fn))(*args).serialize())
+    got, want = exported.call(*args), jax.jit(fn)(*args)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(a, b)
+
+
 def test_bad_kernel_setting_is_an_error(restore_kernels):
   with pytest.raises(ValueError, match=r"set_kernels.*'auto', 'ffi', 'xla'.*'cuda'"):
     backend.set_kernels("cuda")
