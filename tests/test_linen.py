@@ -402,6 +402,20 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   assert set(variables[mxl.QUANTIZED_KERNELS]) == {"fc1", "fc2", "out"}
 
 
+def test_get_sharding_takes_its_mesh_argument_without_a_mesh_in_context():
+  """nn.get_sharding(tree, mesh) outside jax.set_mesh, as stock takes it: the scales of a
+  kernel of 2 blocks over 8 devices stay whole (they were split, and jit's init failed)."""
+  model = mxl.Dense(256, kernel_axes=("fsdp", None))
+  x = jnp.ones((8, 64))
+  init = lambda k: model.init(k, x)  # noqa: E731
+  mesh = jax.make_mesh((8,), ("fsdp",))
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), columnwise=False):
+    shardings = nn.get_sharding(jax.eval_shape(init, jax.random.key(1)), mesh)
+    variables = nn.unbox(jax.jit(init, out_shardings=shardings)(jax.random.key(1)))
+  kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]
+  assert (spec_of(kernel.data), spec_of(kernel.scales)) == (("fsdp", None), (None, None))
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
 @pytest.mark.parametrize("columnwise", [True, False], ids=["pair", "rowwise"])
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])

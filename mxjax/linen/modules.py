@@ -60,8 +60,8 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
   def get_sharding(self, mesh: jax.sharding.Mesh) -> QuantizedPartitioned:
     """This box with a NamedSharding in place of each array (`nn.get_sharding`; the names
     are taken as mesh axes, as `nn.Partitioned.get_sharding` takes them)."""
-    return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec),
-                                           self._leaf_specs()))
+    specs = sharding.leaf_specs(self.value, self.names, self._shard_counts(mesh))
+    return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs))
 
   def unbox(self, apply_constraint=True):
     """The value; arrays constrained to their specs under a mesh (not specs or shardings:
@@ -75,8 +75,11 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
   def _leaf_specs(self):
     return sharding.leaf_specs(self.value, self.names, self._shard_counts())
 
-  def _shard_counts(self) -> list[int | None]:
-    """Per name: how many shards it splits its dim into; None where that is not known."""
+  def _shard_counts(self, mesh_of_axes=None) -> list[int | None]:
+    """Per name: how many shards it splits its dim into; None where that is not known.
+    `mesh_of_axes`: the names are that mesh's axes (get_sharding), not logical names."""
+    if mesh_of_axes is not None:
+      return [sharding.shard_count(mesh_of_axes, n) for n in self.names]
     mesh = self.mesh if self.mesh is not None else nn.meta.get_global_mesh()
     if mesh is None:
       return [None] * len(self.names)
