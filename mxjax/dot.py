@@ -133,7 +133,6 @@ def matmul(a, b, **kwargs) -> jax.Array:
     batch = tuple(range(len(b_shape) - 2))
     dims = (((len(a_shape) - 1,), (len(b_shape) - 2,)), (batch, batch))
     return dot_general(a, b, dims, **kwargs)
-  vectors = [x for x, shape in ((a, a_shape), (b, b_shape)) if len(shape) == 1]
   if not all(_is_array(x) for x in (a, b)) or kwargs.get("out_sharding") is not None:
     raise ValueError(
         f"mxjax.matmul: operands {a_shape} @ {b_shape} need a vector operand or broadcast "
@@ -150,9 +149,9 @@ def matmul(a, b, **kwargs) -> jax.Array:
     a2 = jnp.broadcast_to(a2, batch_shape + a2.shape[-2:])
     b2 = jnp.broadcast_to(b2, batch_shape + b2.shape[-2:])
   y = matmul(a2, b2, **kwargs)
-  if vectors and len(b_shape) == 1:
+  if len(b_shape) == 1:  # drop the vectors' dims
     y = y[..., 0]
-  if vectors and len(a_shape) == 1:
+  if len(a_shape) == 1:
     y = y[..., 0, :] if len(b_shape) > 1 else y[..., 0]
   return y
 
