@@ -60,8 +60,8 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
   def get_sharding(self, mesh: jax.sharding.Mesh) -> QuantizedPartitioned:
     """This box with a NamedSharding in place of each array (`nn.get_sharding`; the names
     are taken as mesh axes, as `nn.Partitioned.get_sharding` takes them)."""
-    specs = sharding.leaf_specs(self.value, self.names, self._shard_counts(mesh))
-    return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs))
+    return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                                           self._leaf_specs(mesh)))
 
   def unbox(self, apply_constraint=True):
     """The value; arrays constrained to their specs under a mesh (not specs or shardings:
@@ -72,8 +72,8 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
                                         mesh=self.mesh)
     return self.value
 
-  def _leaf_specs(self):
-    return sharding.leaf_specs(self.value, self.names, self._shard_counts())
+  def _leaf_specs(self, mesh_of_axes=None):
+    return sharding.leaf_specs(self.value, self.names, self._shard_counts(mesh_of_axes))
 
   def _shard_counts(self, mesh_of_axes=None) -> list[int | None]:
     """Per name: how many shards it splits its dim into; None where that is not known.

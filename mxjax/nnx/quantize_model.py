@@ -35,6 +35,7 @@ from mxjax.einsum import einsum_as_dot_general
 from mxjax.nnx.modules import AUTOCAST, Linear
 from mxjax.recipes import Recipe
 
+
 @dataclasses.dataclass(frozen=True)
 class MXProduct:
   """The MX `dot_general` (or `einsum_op`) of one layer: a hashable static attribute.
