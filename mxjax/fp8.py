@@ -3,10 +3,11 @@
 One scale per tensor: `q = cast_fp8(clip(x * scale, -fp8_max, fp8_max))`, and the
 product is `(q_lhs . q_rhs) / (scale_lhs * scale_rhs)`, accumulated in f32.
 
-- DelayedScaling takes each scale from the recipe state (`mxjax.state`), or from the
-  tensor's own amax while its role has none recorded; the custom VJP returns, as the
-  gradient of that state, the next state with the amaxes of this step's input, kernel and
-  output gradient recorded (Flax's gradient-overwrite convention).
+- DelayedScaling takes each scale from the recipe state (`mxjax.state`, settled to one
+  use), or from the tensor's own amax while its role has none recorded; the custom VJP
+  returns, as the gradient of that state, the next state (one use) with the amaxes of this
+  step's input, kernel and output gradient recorded (Flax's gradient-overwrite
+  convention).
 - Float8CurrentScaling computes each scale from the tensor's own amax.
 
 No kernels: XLA fuses the scaling and casts. The FP8 values are widened to f32 for the
@@ -104,9 +105,17 @@ def _dot_f32(a, b, config: _Config):
                          out_sharding=config.out_sharding)
 
 
+def _settled(config: _Config, tensors):
+  """The DelayedScaling tensors as one use (`mxjax.state.settle`); None stays None."""
+  if tensors is None:
+    return None
+  state = state_lib.RecipeState(tensors=tensors, kind=state_lib.kind_of(config.recipe))
+  return dict(state_lib.settle(state, config.recipe).tensors)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fp8_dot(config: _Config, lhs, rhs, tensors):
-  return _forward(config, lhs, rhs, tensors)[0]
+  return _forward(config, lhs, rhs, _settled(config, tensors))[0]
 
 
 def _forward(config: _Config, lhs, rhs, tensors):
@@ -121,6 +130,7 @@ def _forward(config: _Config, lhs, rhs, tensors):
 
 
 def _fp8_dot_fwd(config, lhs, rhs, tensors):
+  tensors = _settled(config, tensors)
   out, (q_in, q_k, s_in, s_k, amaxes) = _forward(config, lhs, rhs, tensors)
   return out, (q_in, q_k, s_in, s_k, amaxes, tensors)
 

@@ -306,10 +306,13 @@ class Float8CurrentScaling(Recipe):
   Attributes:
     fp8_format: Format.HYBRID (E4M3 forward, E5M2 gradients) or Format.E4M3.
     margin: extra headroom, in powers of two.
+    reduce_amax: take the amax over all devices (mesh axes) and named `vmap` axes; False
+      keeps each member of a named axis (an ensemble) its own.
   """
 
   fp8_format: Format = Format.HYBRID
   margin: int = 0
+  reduce_amax: bool = True
 
   def __post_init__(self):
     _check_per_tensor_format(self)

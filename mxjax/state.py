@@ -21,8 +21,11 @@ Amax reduction: under plain `jax.jit` with sharded arrays `jnp.max` already sees
 global array, so the amax is global. Inside `shard_map` / `pmap` the amax is local;
 with `reduce_amax=True` it is `lax.pmax`-ed over every bound named axis (`reduce_amax`).
 
-Limitation: a module applied twice in one step gets the sum of two next states as its
-gradient; share a module's kernel but not its state under DelayedScaling.
+A GEMM applied N times in one differentiated loss (micro-batches in a `lax.scan` or a
+loop, `vmap` over the batch with the state shared) gets the sum of N next states as its
+gradient: JAX adds the cotangents of one input's uses. Each next state counts itself as
+one use (`TensorScaling.uses`), so the sum says how many it holds, and every step first
+reads a state as one use (`settle`).
 """
 
 from __future__ import annotations
@@ -50,10 +53,13 @@ class TensorScaling:
   Attributes:
     amax_history: f32[amax_history_len], newest amax first.
     scale: f32[], the scale the next step quantizes with (`fp8 = cast(x * scale)`).
+    uses: f32[], how many next states this one sums: 1, or N after the gradient overwrite
+      of a loss that applied the GEMM N times (see `settle`).
   """
 
   amax_history: jax.Array
   scale: jax.Array
+  uses: jax.Array
 
 
 @struct.dataclass
@@ -79,12 +85,13 @@ def kind_of(recipe: Recipe | None) -> str:
 
 
 def init(recipe: Recipe | None) -> RecipeState:
-  """The initial state for `recipe`: zero amax histories and unit scales for
-  DelayedScaling (f32[amax_history_len] and f32[] per role), no arrays otherwise."""
+  """The initial state for `recipe`: zero amax histories, unit scales and one use for
+  DelayedScaling (f32[amax_history_len], f32[] and f32[] per role), no arrays otherwise."""
   tensors = {}
   if recipe is not None and recipe.delayed():
-    tensors = {role: TensorScaling(jnp.zeros((recipe.amax_history_len,), jnp.float32),
-                                   jnp.ones((), jnp.float32)) for role in ROLES}
+    one = jnp.ones((), jnp.float32)
+    tensors = {role: TensorScaling(jnp.zeros((recipe.amax_history_len,), jnp.float32), one,
+                                   one) for role in ROLES}
   return RecipeState(tensors=tensors, kind=kind_of(recipe))
 
 
@@ -103,31 +110,80 @@ def scale_from_amax(amax, recipe: Recipe, role: str, previous_scale=1.0) -> jax.
   return jnp.where(ok, scale, jnp.asarray(previous_scale, jnp.float32))
 
 
+def _reference_amax(history, recipe: Recipe) -> jax.Array:
+  """The amax a scale is computed from: the history's max (`max`) or its newest entry."""
+  return jnp.max(history, axis=-1) if recipe.amax_compute_algo == "max" else history[..., 0]
+
+
+def settle_tensor(tensor: TensorScaling, recipe: Recipe, role: str) -> TensorScaling:
+  """`tensor` as one use, its scale computed afresh from the history it then has.
+
+  A state whose `uses` u is neither 1 nor 0 sums u next states made from one state (or is
+  such a sum scaled, as a gradient tree can be). Its older entries are the same in every
+  use, and come back divided by u (exactly, up to an f32 rounding when u is not a power
+  of 2); so does the kernel's newest amax (the same kernel in every use). The input's and
+  the gradient's newest entry is the sum of the uses' amaxes (divided by u where u < 1):
+  at least the largest, so the scale may be up to u times smaller than the largest amax
+  gives, never one that saturates more. A single use (u 1) or none (u 0: an all-zero
+  gradient) is read as it is. Leading dims (a stacked `nn.scan` state) are kept.
+  """
+  uses = tensor.uses
+  several = (uses > 0) & (uses != 1)
+  n = jnp.where(several, uses, 1.0)
+  newest_n = n if role == "kernel" else jnp.minimum(n, 1.0)
+  history = tensor.amax_history / n[..., None]
+  history = history.at[..., 0].set(tensor.amax_history[..., 0] / newest_n)
+  recomputed = scale_from_amax(_reference_amax(history, recipe), recipe, role,
+                               tensor.scale / n)
+  return TensorScaling(history, jnp.where(several, recomputed, tensor.scale),
+                       jnp.ones_like(uses))
+
+
 def update_tensor(tensor: TensorScaling, amax, recipe: Recipe, role: str) -> TensorScaling:
   """Records `amax` (f32[]) as the newest history entry (the oldest drops out) and
-  computes the next scale from the history (`max`) or from its newest entry."""
-  amax = jnp.asarray(amax, jnp.float32).reshape((1,))
-  history = jnp.concatenate([amax, tensor.amax_history[:-1]])
-  if recipe.amax_compute_algo == "max":
-    reference = jnp.max(history)
-  else:
-    reference = history[0]
-  return TensorScaling(history, scale_from_amax(reference, recipe, role, tensor.scale))
+  computes the next scale from the history (`max`) or from its newest entry.
+  `tensor` is settled (one use) first."""
+  tensor = settle_tensor(tensor, recipe, role)
+  amax = jnp.asarray(amax, jnp.float32)
+  history = jnp.concatenate([amax.reshape((1,)), tensor.amax_history[:-1]])
+  scale = scale_from_amax(_reference_amax(history, recipe), recipe, role, tensor.scale)
+  return TensorScaling(history, scale, _one_use_like(amax))
+
+
+def _one_use_like(amax) -> jax.Array:
+  """f32[] 1.0 that depends on `amax` (any value, NaN included): batched under `vmap`
+  where `amax` is, so that a vmap summing its members' next states (the transpose of a
+  state they share) also sums their uses; a constant would stay 1."""
+  return jnp.where(jnp.isnan(amax), 1.0, 1.0).astype(jnp.float32)
+
+
+def _check_kind(state: RecipeState, recipe: Recipe, what: str) -> None:
+  if state.kind != kind_of(recipe):
+    raise ValueError(f"mxjax.state.{what}: the state was made for {state.kind}, the recipe "
+                     f"is {kind_of(recipe)}")
+
+
+def settle(state: RecipeState, recipe: Recipe) -> RecipeState:
+  """`state` with every role as one use (`settle_tensor`): the state a step reads, and what
+  to inspect after a gradient overwrite. Stateless states are returned as they are."""
+  _check_kind(state, recipe, "settle")
+  if not state.tensors:
+    return state
+  tensors = {role: settle_tensor(t, recipe, role) for role, t in state.tensors.items()}
+  return RecipeState(tensors=tensors, kind=state.kind)
 
 
 def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> RecipeState:
-  """The next state: each role in `amaxes` (role -> f32[]) recorded; others unchanged.
+  """The next state, as one use: each role in `amaxes` (role -> f32[]) recorded, the others
+  settled (`settle`).
 
   Pure: no side effects, jit- and grad-safe. Stateless states are returned as they are.
   """
-  if state.kind != kind_of(recipe):
-    raise ValueError(f"mxjax.state.update: the state was made for {state.kind}, the recipe "
-                     f"is {kind_of(recipe)}")
+  _check_kind(state, recipe, "update")
   if not state.tensors:
     return state
-  tensors = dict(state.tensors)
-  for role, amax in amaxes.items():
-    tensors[role] = update_tensor(tensors[role], amax, recipe, role)
+  tensors = {role: update_tensor(t, amaxes[role], recipe, role) if role in amaxes
+             else settle_tensor(t, recipe, role) for role, t in state.tensors.items()}
   return RecipeState(tensors=tensors, kind=state.kind)
 
 

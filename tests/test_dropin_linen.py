@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
+from flax.training.train_state import TrainState
 
 import mxjax
 from mxjax import state as state_lib
@@ -231,6 +233,39 @@ def test_delayed_scaling_keeps_and_advances_its_state(stock, way):
   history = states[key].tensors["kernel"].amax_history
   assert float(history[0]) == float(jnp.max(jnp.abs(kernel)))
   assert float(states[key].tensors["input"].amax_history[0]) > 0
+
+
+def test_intercepted_delayed_state_in_the_overwrite_collection_under_train_state():
+  """`intercept(state_collection=OVERWRITE_WITH_GRADIENT)`: the stock layers' states live in
+  Flax's overwrite collection, so `TrainState` (Adam on everything it holds) advances them
+  by the gradient overwrite and Adam only the params: three steps give the states and
+  params of the `mx_state` flow with `next_state` and Adam on the params, bit for bit.
+  Before, only `mx_state` was possible, and TrainState ran Adam on the states."""
+  model, x = Decoder(layers=1), tokens()[:, :-1]
+  recipe, tx = mxjax.DelayedScaling(amax_history_len=4), optax.adam(1e-3)
+
+  def loss(variables):
+    return jnp.mean(model.apply(variables, x) ** 2)
+
+  with mxjax.autocast(recipe=recipe):
+    with mxjax.linen.intercept(state_collection=OVERWRITE_WITH_GRADIENT):
+      ts = TrainState.create(apply_fn=model.apply, tx=tx,
+                             params=model.init(jax.random.key(0), x))
+      for _ in range(3):
+        ts = ts.apply_gradients(grads=jax.grad(loss)(ts.params))
+    with mxjax.linen.intercept():
+      variables = model.init(jax.random.key(0), x)
+      opt_state = tx.init(variables["params"])
+      for _ in range(3):
+        grads = jax.grad(loss)(variables)
+        updates, opt_state = tx.update(grads["params"], opt_state)
+        variables = {"params": optax.apply_updates(variables["params"], updates),
+                     "mx_state": state_lib.next_state(grads["mx_state"], grads["mx_state"])}
+  assert set(ts.params) == {"params", OVERWRITE_WITH_GRADIENT}
+  got = {"params": ts.params["params"], "mx_state": ts.params[OVERWRITE_WITH_GRADIENT]}
+  assert jax.tree.structure(got) == jax.tree.structure(variables)
+  assert jax.tree.all(jax.tree.map(jnp.array_equal, got, variables))
+  assert len(state_lib.describe(got)) == 7  # attention: 4, the MLP: 2, the Einsum head
 
 
 def test_bad_rules_are_clear_errors_and_enter_nothing(stock):

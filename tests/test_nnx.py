@@ -61,6 +61,28 @@ def test_delayed_state_forward_and_gradient_overwrite():
   np.testing.assert_allclose(advanced["input"].scale, 448.0 / amax_x, rtol=1e-6)
 
 
+def test_several_calls_in_one_loss_overwrite_as_one_call():
+  """A loss calling the layer 3 times (NNX micro-batches): each later call reads the state
+  the one before it stored, so the overwrite is the first call's next state, step after
+  step the one-call state bit for bit; before, the history turned NaN."""
+  recipe = DelayedScaling(amax_history_len=4)
+
+  def train(calls):
+    with context.autocast(recipe=recipe):
+      layer = mxnnx.Linear(64, 16, rngs=nnx.Rngs(0))
+      which = nnx.DiffState(0, nnx.Any(nnx.Param, mxnnx.RecipeStateVar))
+      for _ in range(4):
+        loss = lambda m: sum(jnp.sum(m(X) ** 2) for _ in range(calls))  # noqa: E731
+        grads = nnx.grad(loss, argnums=which)(layer)
+        nnx.update(layer, nnx.state(grads, mxnnx.RecipeStateVar))
+    return nnx.as_pure(layer.recipe_state), grads["kernel"].get_value()
+
+  (state3, kernel3), (state1, kernel1) = train(3), train(1)
+  for a, b in zip(jax.tree.leaves(state3), jax.tree.leaves(state1), strict=True):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(kernel3, 3 * kernel1, rtol=1e-5)
+
+
 def test_recipe_change_warns_and_replaces_state():
   with context.autocast(recipe=DelayedScaling(amax_history_len=2)):
     layer = mxnnx.Linear(64, 16, rngs=nnx.Rngs(0))
@@ -214,7 +236,7 @@ def test_nnx_sharding_tools_and_orbax_restore_see_each_array(axis_type, tmp_path
   }
   got = {path: spec_of(v.get_value()) for path, v in made}
   assert {k: got[k] for k in want} == want
-  assert len([p for p, _ in made if "recipe_state" in p]) == 3 * 2  # 3 roles: history, scale
+  assert len([p for p, _ in made if "recipe_state" in p]) == 3 * 3  # roles x arrays
   for tree in (abstract, constrained):
     flat = dict(nnx.to_flat_state(tree))
     assert {path: spec_of(v.get_value()) for path, v in flat.items()} == got

@@ -241,7 +241,7 @@ def test_delayed_scaling_amax_is_global_and_identical_on_every_device(mesh, mode
   got_params, got_state, got_losses = run.sharded(x, y, steps=2)
 
   leaves = jax.tree_util.tree_leaves_with_path(got_state)
-  assert len(leaves) == 2 * 3 * 2  # 2 GEMMs x (input, kernel, grad) x (history, scale)
+  assert len(leaves) == 2 * 3 * 3  # 2 GEMMs x (input, kernel, grad) x (history, scale, uses)
   for (path, got), want in zip(leaves, jax.tree.leaves(want_state)):
     shards = [np.asarray(s.data) for s in got.addressable_shards]
     assert len(shards) == 8 and all(s.shape == want.shape for s in shards), path

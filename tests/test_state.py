@@ -87,7 +87,8 @@ def test_fp8_dot_uses_the_state_scale():
   tensors = state_lib.init(recipe).tensors
   out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
   np.testing.assert_allclose(out, 64.0)
-  tensors = dict(tensors, input=state_lib.TensorScaling(jnp.ones((1,)), jnp.float32(448.0)))
+  tensors = dict(tensors, input=state_lib.TensorScaling(jnp.ones((1,)), jnp.float32(448.0),
+                                                           jnp.float32(1.0)))
   out, _ = fp8.dot_general(x, w, DIMS, recipe, tensors)
   np.testing.assert_allclose(out, 32.0)  # 2 * 448 saturates to 448, / 448 = 1 per element
 
@@ -206,6 +207,87 @@ def test_train_state_overwrite_with_gradient():
   assert not np.allclose(ts.params["params"]["kernel"], variables["params"]["kernel"])
 
 
+def _micro_batch_loss(model, how: str, n: int):
+  """sum(y**2) of `model` over n copies of a batch, all in one differentiated loss: one
+  batch, a lax.scan, a Python loop, or a vmap sharing the variables."""
+  def one(variables, x):
+    return jnp.sum(model.apply(variables, x) ** 2)
+
+  def loss(variables, x):
+    copies = jnp.stack([x] * n)
+    if how == "scan":
+      return jax.lax.scan(lambda total, xb: (total + one(variables, xb), None), 0.0, copies)[0]
+    if how == "loop":
+      return sum(one(variables, xb) for xb in copies)
+    if how == "vmap":
+      return jnp.sum(jax.vmap(one, in_axes=(None, 0))(variables, copies))
+    return one(variables, x)
+  return loss
+
+
+@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("how", ["scan", "loop", "vmap"])
+def test_micro_batches_in_one_loss_advance_the_state_once(how, n):
+  """A loss that applies the layer to n identical micro-batches: JAX sums the n next
+  states into the overwrite. Step after step the state reads back (`settle`) as one step's
+  record: the kernel's history as with one batch, the input's and the gradient's with the
+  sum of the n (equal) amaxes; the kernel gradient stays n times the one-batch gradient.
+  Before, the scales were summed and the history multiplied by n every step."""
+  recipe = DelayedScaling(amax_history_len=4)
+  model, variables, x = _dense_variables(recipe)
+  micro = jax.jit(jax.grad(_micro_batch_loss(model, how, n)))
+  single = jax.jit(jax.grad(_micro_batch_loss(model, "single", 1)))
+  micro_vars = single_vars = variables
+  with context.autocast(recipe=recipe):
+    for _ in range(6):  # params fixed: only the state advances
+      g_micro, g_single = micro(micro_vars, x), single(single_vars, x)
+      want_kernel = n * g_single["params"]["kernel"]  # up to the FP8 rounding of other scales
+      error = jnp.linalg.norm(g_micro["params"]["kernel"] - want_kernel)
+      assert error < 0.1 * jnp.linalg.norm(want_kernel)
+      micro_vars = {**variables, "mx_state": g_micro["mx_state"]}
+      single_vars = {**variables, "mx_state": g_single["mx_state"]}
+  summed = micro_vars["mx_state"]["recipe_state"]
+  want = single_vars["mx_state"]["recipe_state"].tensors
+  assert float(summed.tensors["grad"].uses) == n  # vmap leaves the shared kernel's unsummed
+  got = state_lib.settle(summed, recipe).tensors
+  for name in ("amax_history", "scale", "uses"):
+    np.testing.assert_allclose(getattr(got["kernel"], name), getattr(want["kernel"], name),
+                               rtol=1e-6)
+  np.testing.assert_allclose(got["input"].amax_history, n * want["input"].amax_history,
+                             rtol=1e-6)
+  np.testing.assert_allclose(got["grad"].amax_history, n * want["grad"].amax_history,
+                             rtol=0.05)
+  np.testing.assert_allclose(got["input"].scale, want["input"].scale / n, rtol=1e-6)
+
+
+def test_settle_reads_a_sum_of_uses_as_one():
+  """Three next states of one state, summed: the older entries come back exactly; the
+  kernel's newest amax is their mean (the same kernel in every use), the input's their sum
+  (at least the largest); the scale follows that history. The sum scaled by 2^-20 (as a
+  gradient tree can be) reads the same, up to the newest input amax (then the mean); a
+  stacked state settles per layer; one use is left as it is."""
+  recipe = DelayedScaling(amax_history_len=3, amax_compute_algo="most_recent")
+  start = state_lib.update(state_lib.init(recipe), {"input": 8.0, "kernel": 8.0}, recipe)
+  uses = [state_lib.update(start, {"input": a, "kernel": a}, recipe) for a in (1.0, 2.0, 6.0)]
+  summed = jax.tree.map(lambda *t: sum(t), *uses)
+  got = state_lib.settle(summed, recipe).tensors
+  np.testing.assert_array_equal(got["input"].amax_history, [9.0, 8.0, 0.0])
+  np.testing.assert_array_equal(got["kernel"].amax_history, [3.0, 8.0, 0.0])
+  assert float(got["input"].scale) == pytest.approx(448.0 / 9.0, rel=1e-6)
+  assert float(got["kernel"].scale) == pytest.approx(448.0 / 3.0, rel=1e-6)
+  assert all(float(t.uses) == 1.0 for t in got.values())
+  scaled = state_lib.settle(jax.tree.map(lambda t: t * 2.0 ** -20, summed), recipe).tensors
+  np.testing.assert_allclose(scaled["input"].amax_history, [3.0, 8.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(scaled["kernel"].amax_history, [3.0, 8.0, 0.0], rtol=1e-6)
+  stacked = state_lib.settle(jax.tree.map(lambda a, b: jnp.stack([a, b]), summed, uses[0]),
+                             recipe)
+  for layer, want in enumerate((state_lib.settle(summed, recipe), uses[0])):
+    for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(a[layer], b)
+  one = state_lib.settle(uses[1], recipe)  # a single use is left as it is
+  assert jax.tree.all(jax.tree.map(np.array_equal, one, uses[1]))
+
+
 def test_state_of_an_unused_recipe_survives_gradient_overwrite():
   """Autocast off: the DelayedScaling state is not advanced, and its gradient is itself
   (not zeros), so overwriting with the gradient keeps it."""
@@ -226,6 +308,20 @@ def test_reduce_amax_over_bound_named_axes():
                    axis_name="data")(x)
   np.testing.assert_array_equal(local, [5.0, 2.0, 6.0])
   assert float(jax.jit(state_lib.tensor_amax, static_argnums=1)(x, recipe)) == 6.0
+
+
+@pytest.mark.parametrize("reduce_amax", [True, False])
+def test_current_scaling_ensemble_under_a_named_vmap(reduce_amax):
+  """Float8CurrentScaling over a named vmap axis (an ensemble): members share the amax by
+  default; with reduce_amax=False each member's product is its product run alone."""
+  recipe = Float8CurrentScaling(reduce_amax=reduce_amax)
+  xs = jax.random.normal(jax.random.key(0), (2, 8, 64)) * jnp.array([1.0, 300.0])[:, None, None]
+  w = jax.random.normal(jax.random.key(1), (64, 16))
+  product = lambda x: fp8.dot_general(x, w, DIMS, recipe)[0]  # noqa: E731
+  ensemble = jax.vmap(product, axis_name="member")(xs)
+  alone = jnp.stack([product(x) for x in xs])
+  np.testing.assert_array_equal(ensemble[1], alone[1])  # the larger amax: the same either way
+  assert np.array_equal(ensemble[0], alone[0]) == (not reduce_amax)
 
 
 @pytest.mark.parametrize("private_core", [True, False], ids=["core", "public-fallback"])

@@ -223,8 +223,13 @@ def test_runner_advances_delayed_scaling_state(tiny):
   start = runner.state0
   _, state, stats = runner.train(params, _batches(3), progress=False)
   assert len(stats.curve) == 3 and all(math.isfinite(v) for v in stats.curve)
-  for before, after in zip(jax.tree.leaves(start), jax.tree.leaves(state)):
-    assert before.shape == after.shape and not np.array_equal(before, after)
+  scalings = lambda tree: [t for s in jax.tree.leaves(  # noqa: E731
+      tree, is_leaf=lambda x: hasattr(x, "tensors")) for t in s.tensors.values()]
+  for before, after in zip(scalings(start), scalings(state), strict=True):
+    for name in ("amax_history", "scale"):
+      a, b = getattr(before, name), getattr(after, name)
+      assert a.shape == b.shape and not np.array_equal(a, b)
+    assert float(after.uses) == 1.0  # each layer runs once per step
   histories = [s.tensors["grad"].amax_history for s in jax.tree.leaves(
       state, is_leaf=lambda x: hasattr(x, "tensors"))]
   assert histories and all(np.count_nonzero(h) == 3 for h in histories)  # 3 steps recorded

@@ -9,7 +9,7 @@ mxjax under the recipe of its path (`mxjax.rules`; no matching rule: the autocas
 recipe). mxjax's own modules follow the same rules. Nothing else changes: the model's
 code, its params and, for stateless recipes, all its variables are those of the stock
 model, so its checkpoints load as they are. A DelayedScaling layer keeps its state in the
-`mx_state` collection of a hook child (see `mxjax.linen.hooks`).
+`mx_state` collection (or `state_collection`) of a hook child (see `mxjax.linen.hooks`).
 
 How: a Flax method interceptor (`nn.intercept_methods`). A Dense / DenseGeneral that
 has no product of its own (`dot_general`, `dot_general_cls` unset) runs with
@@ -23,12 +23,13 @@ has its own product (e.g. mxjax's hooks) is left as it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mxjax import context
+from mxjax import context, state as state_lib
 from mxjax.einsum import parse_subscripts
 from mxjax.linen import hooks
 from mxjax.linen.modules import DenseGeneral, layer_path
@@ -47,18 +48,22 @@ def _runs_einsum_call(ctx) -> bool:
 
 
 @contextlib.contextmanager
-def intercept(rules=None):
+def intercept(rules=None, *, state_collection: str = state_lib.STATE_COLLECTION):
   """Runs every stock linen Dense / DenseGeneral / Einsum GEMM through mxjax.
 
   Args:
     rules: a sequence of `(regex, recipe or None)` pairs matched with `re.search`
       against each layer's path (`mxjax.rules`); None: every layer runs the autocast
       recipe. Checked before anything is entered.
+    state_collection: the collection of the stock layers' DelayedScaling states;
+      `flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT` makes Flax's `TrainState` apply the
+      gradient overwrite (mxjax's own modules keep their `state_collection`).
 
   Entering, leaving or changing `rules` re-traces `jax.jit` (the rules are a
   `jax.make_user_context` value, like the autocast recipe).
   """
-  with context.layer_rules(rules), nn.intercept_methods(_interceptor):
+  interceptor = functools.partial(_interceptor, state_collection=state_collection)
+  with context.layer_rules(rules), nn.intercept_methods(interceptor):
     yield
 
 
@@ -93,26 +98,29 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
   return list(dict.fromkeys(paths))
 
 
-def _interceptor(next_fun, args, kwargs, ctx):
+def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
   module = ctx.module
   if ctx.method_name != "__call__":
     return next_fun(*args, **kwargs)
   if isinstance(module, _DENSE) and module.dot_general is None and (
       module.dot_general_cls is None):
-    object.__setattr__(module, "dot_general_cls", hooks.DotGeneral)
+    object.__setattr__(module, "dot_general_cls",
+                       functools.partial(hooks.DotGeneral, state_collection=state_collection))
     try:
       return next_fun(*args, **kwargs)
     finally:
       object.__setattr__(module, "dot_general_cls", None)
   if (isinstance(module, nn.Einsum) and _runs_einsum_call(ctx)
       and context.recipe_for(layer_path(module)) is not None):
-    return _einsum_layer(module, *args, **kwargs)
+    return _einsum_layer(module, state_collection, *args, **kwargs)
   return next_fun(*args, **kwargs)
 
 
-def _einsum_layer(module: nn.Einsum, inputs, einsum_str: str | None = None):
-  """`nn.Einsum.__call__` with `hooks.Einsum` as its product: the same params (names,
-  shapes, initializers, order), dtype promotion and bias."""
+def _einsum_layer(module: nn.Einsum, state_collection: str, inputs,
+                  einsum_str: str | None = None):
+  """`nn.Einsum.__call__` with `hooks.Einsum` (its state in `state_collection`) as its
+  product: the same params (names, shapes, initializers, order), dtype promotion and
+  bias."""
   einsum_str = nn.merge_param("einsum_str", module.einsum_str, einsum_str).replace(" ", "")
   if "->" not in einsum_str or einsum_str.count(",") != 1:
     raise ValueError(f"nn.Einsum '{layer_path(module)}' needs an explicit two-operand "
@@ -126,8 +134,9 @@ def _einsum_layer(module: nn.Einsum, inputs, einsum_str: str | None = None):
     bias = module.param("bias", module.bias_init, [n for n in features if n is not None],
                         module.param_dtype)
   inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
-  y = hooks.Einsum()(einsum_str, inputs, kernel, precision=module.precision,
-                     preferred_element_type=module.preferred_element_type)
+  y = hooks.Einsum(state_collection=state_collection)(
+      einsum_str, inputs, kernel, precision=module.precision,
+      preferred_element_type=module.preferred_element_type)
   if bias is not None:
     y += jnp.reshape(bias, [1 if n is None else n for n in features])
   return y
