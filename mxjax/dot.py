@@ -73,7 +73,8 @@ class _DotConfig:
 
 def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4m3",
                 bwd_format="e5m2", block_size: int = formats.DEFAULT_BLOCK_SIZE,
-                scale_mode="rceil", preferred_element_type=None, out_sharding=None) -> jax.Array:
+                scale_mode="rceil", precision=None, preferred_element_type=None,
+                out_sharding=None) -> jax.Array:
   """`lax.dot_general` with both operands MX-quantized along the contraction.
 
   Args:
@@ -88,6 +89,9 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
     fwd_format: element format of both operands in the forward product.
     bwd_format: element format of the output gradient in dgrad and wgrad.
     block_size, scale_mode: as in `mxjax.quantize`.
+    precision: taken as `lax.dot_general` takes it (Flax's layers pass theirs to an
+      injected `dot_general`), with nothing to choose: the products of MX values are
+      exact and accumulate in f32, as `Precision.HIGHEST` would.
     preferred_element_type: output dtype; default: the operands' result type.
     out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
       PartitionSpec of the mesh set by `jax.set_mesh`), as in `lax.dot_general`: needed,
@@ -96,6 +100,7 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   Returns:
     An array of shape `batch + lhs free + rhs free` (as `lax.dot_general`).
   """
+  del precision  # see Args
   (lc, rc), (lb, rb) = dimension_numbers
   lhs_info, rhs_info = _operand_info(lhs, "lhs"), _operand_info(rhs, "rhs")
   lhs_layout = contraction.layout(lhs_info[0], lc, lb, "lhs", contract_first=False)
@@ -129,6 +134,8 @@ def matmul(a, b, **kwargs) -> jax.Array:
   a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
   if not a_shape or not b_shape:
     raise ValueError(f"mxjax.matmul needs operands of rank >= 1; got {a_shape}, {b_shape}")
+  if kwargs.get("preferred_element_type") is None:
+    kwargs["preferred_element_type"] = jnp_result_dtype(a, b)
   if len(b_shape) == 2 or (len(a_shape) == len(b_shape) and a_shape[:-2] == b_shape[:-2]):
     batch = tuple(range(len(b_shape) - 2))
     dims = (((len(a_shape) - 1,), (len(b_shape) - 2,)), (batch, batch))
@@ -154,6 +161,14 @@ def matmul(a, b, **kwargs) -> jax.Array:
   if len(a_shape) == 1:
     y = y[..., 0, :] if len(b_shape) > 1 else y[..., 0]
   return y
+
+
+def jnp_result_dtype(a, b):
+  """The dtype `jnp.matmul` / `jnp.einsum` give `a` and `b`: weak types count (a bf16
+  array and a weakly typed f32 one give bf16); an MXArray counts as its high-precision
+  dtype."""
+  return jnp.result_type(*(x if _is_array(x) else _operand_info(x, "operand")[1]
+                           for x in (a, b)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ file does before handing over (blocks, formats and the custom VJP are the dot's)
   index (a diagonal) or one that appears nowhere else (a sum) is taken out first, in the
   operand's own precision, with `jnp.einsum` of that operand alone;
 - indices in both operands are contracted when the output lacks them and batch dims when
-  it has them (a size-1 batch dim broadcasts against the other operand's);
+  it has them (a size-1 dim of either kind broadcasts against the other operand's);
 - the product's dims (batch, lhs free, rhs free) are transposed to the output's order.
 
 An einsum that contracts nothing (an outer product) contracts a unit axis added to both
@@ -24,11 +24,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import formats
-from mxjax.dot import _named, _operand_info, dot_general
+from mxjax.dot import _named, _operand_info, dot_general, jnp_result_dtype
 
 
 def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
-           block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil",
+           block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil", precision=None,
            preferred_element_type=None, out_sharding=None) -> jax.Array:
   """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
 
@@ -37,9 +37,9 @@ def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
       "...ij,jk", "bij,bjk->bki" (ellipses, implicit output and repeated indices allowed).
     *operands: two bfloat16 / float16 / float32 arrays `a, b` (or MXArrays, as
       `dot_general` takes them, when no index needs to be taken out of them first).
-    fwd_format, bwd_format, block_size, scale_mode, preferred_element_type: as in
-      `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's own
-      contraction in the forward, dgrad and wgrad).
+    fwd_format, bwd_format, block_size, scale_mode, precision, preferred_element_type: as
+      in `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's
+      own contraction in the forward, dgrad and wgrad; `precision` has nothing to choose).
     out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
       PartitionSpec over the current mesh), as `jnp.einsum` takes it.
 
@@ -51,12 +51,12 @@ def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
     raise TypeError(f"mxjax.einsum takes exactly two operands, got {len(operands)}: contract "
                     "more of them with one call per pair")
   a, b = operands
+  out_dtype = preferred_element_type or jnp_result_dtype(a, b)
 
   def mx_dot(a, b, dims, out_sharding=None):
     return dot_general(a, b, dims, fwd_format=fwd_format, bwd_format=bwd_format,
-                       block_size=block_size, scale_mode=scale_mode,
-                       preferred_element_type=preferred_element_type,
-                       out_sharding=out_sharding)
+                       block_size=block_size, scale_mode=scale_mode, precision=precision,
+                       preferred_element_type=out_dtype, out_sharding=out_sharding)
 
   return einsum_as_dot_general(subscripts, a, b, mx_dot, out_sharding)
 
@@ -75,7 +75,7 @@ def einsum_as_dot_general(subscripts: str, a, b, dot: Callable,
   shared = [i for i in a_ix if i in b_ix]
   batch = [i for i in shared if i in out_ix]
   contract = [i for i in shared if i not in out_ix]
-  a, b = _broadcast_batch(a, a_ix, b, b_ix, batch, sizes)
+  a, b = _broadcast_shared(a, a_ix, b, b_ix, shared, sizes)
   if not contract:  # an outer product: contract a unit axis
     unit = next(c for c in string.ascii_letters if c not in a_ix + b_ix + out_ix)
     a, b = jnp.expand_dims(a, -1), jnp.expand_dims(b, -1)
@@ -147,10 +147,11 @@ def _index_sizes(subscripts, indices, shapes) -> dict[str, int]:
   sizes: dict[str, int] = {}
   for ix, shape in zip(indices, shapes):
     for i, n in zip(ix, shape):
-      if sizes.get(i, 1) != 1 and n != 1 and sizes[i] != n:
+      if sizes.get(i, 1) == 1:
+        sizes[i] = n
+      elif n != 1 and sizes[i] != n:
         raise ValueError(f"mxjax.einsum: index {i!r} of {subscripts!r} has sizes {sizes[i]} "
                          f"and {n}")
-      sizes[i] = max(sizes.get(i, 1), n)
   return sizes
 
 
@@ -163,12 +164,13 @@ def _keep_needed(x, ix: str, needed: str):
   return jnp.einsum(f"{ix}->{keep}", x), keep
 
 
-def _broadcast_batch(a, a_ix, b, b_ix, batch, sizes):
-  """Broadcasts size-1 batch dims of either operand to the shared size."""
+def _broadcast_shared(a, a_ix, b, b_ix, shared, sizes):
+  """Broadcasts size-1 dims of either operand to the other's size, for the indices both
+  have (batch and contracted dims, as `jnp.einsum` broadcasts them)."""
 
   def grow(x, ix):
     have = _operand_info(x, "operand")[0]
-    shape = tuple(sizes[i] if i in batch else n for i, n in zip(ix, have))
+    shape = tuple(sizes[i] if i in shared else n for i, n in zip(ix, have))
     return x if shape == tuple(have) else jnp.broadcast_to(x, shape)
 
   return grow(a, a_ix), grow(b, b_ix)

@@ -381,3 +381,24 @@ def test_gemm_paths_are_the_same_inside_autocast_and_intercept():
     assert mxjax.linen.gemm_paths(Heads(), x) == outside
   with mxjax.quantized_model_init(recipe=MX):
     assert mxjax.linen.gemm_paths(Heads(), x) == outside
+
+
+def test_stock_dense_takes_mxjax_dot_general_as_its_dot_general():
+  """`nn.Dense(dot_general=mxjax.dot_general)` (Dense passes `precision`): mxjax's product
+  of Dense's own kernel plus its bias, bit for bit, in value and kernel gradient."""
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  dense = nn.Dense(32, dot_general=mxjax.dot_general, precision=jax.lax.Precision.HIGHEST)
+  params = dense.init(jax.random.key(1), x)["params"]
+  dims = (((1,), (0,)), ((), ()))
+
+  def loss(kernel, through_dense):
+    if through_dense:
+      y = dense.apply({"params": {**params, "kernel": kernel}}, x)
+    else:
+      y = mxjax.dot_general(x, kernel, dims) + params["bias"]
+    return jnp.sum(y ** 2), y
+
+  (_, got), got_grad = jax.value_and_grad(loss, has_aux=True)(params["kernel"], True)
+  (_, want), want_grad = jax.value_and_grad(loss, has_aux=True)(params["kernel"], False)
+  assert jnp.array_equal(got, want) and jnp.array_equal(got_grad, want_grad)
+  assert not jnp.array_equal(got, nn.Dense(32).apply({"params": params}, x))

@@ -255,3 +255,29 @@ def test_rules_choose_the_recipe_of_mxjax_own_linear_too():
     want_mx8 = own(x)
     mxjax.nnx.quantize(own, [("", None)])
     assert jnp.array_equal(own(x), want_mx8)
+
+
+def test_stock_layers_take_mxjax_ops_as_their_injected_op():
+  """`nnx.Linear(dot_general=mxjax.dot_general)`, `nnx.LinearGeneral(dot_general=...)` and
+  `nnx.Einsum(einsum_op=mxjax.einsum)`: the layers pass `precision` (and Einsum
+  `out_sharding`); each output is mxjax's product of the layer's own kernel plus its bias,
+  bit for bit, not the stock product. Gradients flow to the kernel."""
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  rngs = lambda: nnx.Rngs(0)  # noqa: E731
+  dims = (((1,), (0,)), ((), ()))
+  layers = {
+      "Linear": (nnx.Linear(64, 32, dot_general=mxjax.dot_general, rngs=rngs()),
+                 nnx.Linear(64, 32, rngs=rngs())),
+      "LinearGeneral": (nnx.LinearGeneral(64, 32, dot_general=mxjax.dot_general, rngs=rngs()),
+                        nnx.LinearGeneral(64, 32, rngs=rngs())),
+      "Einsum": (nnx.Einsum("bk,kn->bn", (64, 32), (32,), einsum_op=mxjax.einsum, rngs=rngs()),
+                 nnx.Einsum("bk,kn->bn", (64, 32), (32,), rngs=rngs())),
+  }
+  for name, (layer, stock) in layers.items():
+    kernel, bias = layer.kernel[...], layer.bias[...]
+    want = mxjax.dot_general(x, kernel, dims) + bias
+    assert jnp.array_equal(layer(x), want), name
+    assert not jnp.array_equal(layer(x), stock(x)), name
+    grad = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)["kernel"][...]
+    want_grad = jax.grad(lambda w: jnp.sum((mxjax.dot_general(x, w, dims) + bias) ** 2))(kernel)
+    assert jnp.array_equal(grad, want_grad), name

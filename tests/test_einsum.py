@@ -94,6 +94,7 @@ def test_gradients_match_an_independent_computation(subscripts, a_shape, b_shape
     ("ii,ij->j", (32, 32), (32, 3)),  # a diagonal of a
     ("ij,jk->k", (4, 32), (32, 3)),  # i summed away before the product
     ("bij,bjk->bik", (1, 3, 32), (4, 32, 2)),  # size-1 batch broadcast
+    ("ij,jk->ik", (8, 1), (40, 5)),  # size-1 contracted dim broadcast
     ("...ij,...jk->...ik", (2, 3, 4, 32), (3, 32, 5)),  # ellipses of different ranks
 ])
 def test_shapes_and_values_follow_jnp_einsum(subscripts, a_shape, b_shape):
@@ -103,6 +104,42 @@ def test_shapes_and_values_follow_jnp_einsum(subscripts, a_shape, b_shape):
   assert got.shape == want.shape
   rel = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
   assert 0 < rel < 0.08, rel  # E4M3 on both operands: a few percent, never exact
+
+
+def test_a_size_1_contracted_dim_is_the_broadcast_operand():
+  """A contracted dim of size 1 against 40 (`jnp.einsum` broadcasts it): the product and
+  gradients of the operand broadcast by hand, bit for bit."""
+  a, b, _ = _operands((8, 1), (40, 5), seed=3)
+  f = lambda a, b: mxjax.einsum("ij,jk->ik", a, b)  # noqa: E731
+  by_hand = lambda a, b: f(jnp.broadcast_to(a, (8, 40)), b)  # noqa: E731
+  for got, want in zip(jax.value_and_grad(lambda *o: jnp.sum(f(*o) ** 2), (0, 1))(a, b),
+                       jax.value_and_grad(lambda *o: jnp.sum(by_hand(*o) ** 2), (0, 1))(a, b)):
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("subscripts, a_shape, b_shape", [
+    ("ij,jk->ik", (8, 0), (0, 6)),  # nothing to contract: zeros
+    ("i,i->", (0,), (0,)),
+    ("ij,jk->ik", (0, 32), (32, 4)),  # an empty output
+    ("bij,bjk->bik", (1, 2, 32), (0, 32, 3)),  # size 1 against size 0
+])
+def test_zero_size_dims_follow_jnp_einsum(subscripts, a_shape, b_shape):
+  a, b = jnp.ones(a_shape), jnp.ones(b_shape)
+  want = jnp.einsum(subscripts, a, b)
+  got = mxjax.einsum(subscripts, a, b)
+  assert got.shape == want.shape and bool(jnp.all(got == want))
+
+
+def test_weak_types_give_jnp_output_dtypes():
+  """A bf16 array with a weakly typed f32 one (`jnp.full(..., 0.5)`): bf16, as jnp's
+  einsum and matmul give; a strongly typed f32 one: f32."""
+  x = jnp.ones((4, 64), jnp.bfloat16)
+  weak, strong = jnp.full((64, 16), 0.5), jnp.full((64, 16), 0.5, jnp.float32)
+  for w in (weak, strong):
+    assert mxjax.einsum("ik,kn->in", x, w).dtype == jnp.einsum("ik,kn->in", x, w).dtype
+    assert mxjax.matmul(x, w).dtype == jnp.matmul(x, w).dtype
+  assert mxjax.matmul(x, weak).dtype == jnp.bfloat16 != mxjax.matmul(x, strong).dtype
 
 
 def test_output_dtype_and_preferred_element_type():
