@@ -7,6 +7,7 @@ Framework-free: the linen and nnx modules read the kernel and the recipe state, 
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,25 @@ def is_quantized(kernel) -> bool:
   """Whether a kernel was stored quantized (an MXArray or an MXArray pair)."""
   return isinstance(kernel, MXArray) or (
       isinstance(kernel, tuple) and kernel and isinstance(kernel[0], MXArray))
+
+
+def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
+  """Flax's `promote_dtype` step, as a stock layer takes it, with room for a quantized kernel.
+
+  Args:
+    promote: (x, kernel, bias) -> the same, promoted (the layer's `promote_dtype` with its
+      `dtype`, in its framework's calling convention).
+    x, kernel, bias: the input, the kernel (an array, or quantized: a `param_dtype` scalar
+      stands in for it and it is kept as it is) and the bias (or None).
+
+  Returns:
+    (x, kernel, bias, dtype): promoted, and the product's dtype (x's and the kernel's).
+  """
+  quantized = is_quantized(kernel)
+  stand_in = jnp.zeros((), param_dtype) if quantized else kernel
+  x, promoted, bias = promote((x, stand_in, bias))
+  return (x, kernel if quantized else promoted, bias,
+          jnp.result_type(x.dtype, promoted.dtype))
 
 
 def quantize_kernel(w, recipe: Recipe, columnwise: bool = True):

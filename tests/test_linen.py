@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import mxarray_bits, mxarrays
+from conftest import bits_of, mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
 from mxjax import context, linen as mxl, state as state_lib
@@ -139,15 +139,15 @@ def test_dense_general_init_is_stock_flax_init(features, axis):
   x = jax.random.normal(jax.random.key(0), (2, 4, 64))
   inits = dict(kernel_init=nn.initializers.variance_scaling(1.0, "fan_avg", "normal"),
                bias_init=nn.initializers.normal(1.0))
-  want = nn.DenseGeneral(features, axis, **inits).init(jax.random.key(1), x)["params"]
-  got = mxl.DenseGeneral(features, axis, **inits).init(jax.random.key(1), x)["params"]
+  want = nn.DenseGeneral(features, axis=axis, **inits).init(jax.random.key(1), x)["params"]
+  got = mxl.DenseGeneral(features, axis=axis, **inits).init(jax.random.key(1), x)["params"]
   for name in ("kernel", "bias"):
     np.testing.assert_array_equal(got[name], want[name])
   names = ("a", "b", "c", "d")[:want["kernel"].ndim]
   boxed = nn.with_logical_partitioning(inits["kernel_init"], names)
   stock = nn.DenseGeneral(features, axis, kernel_init=boxed).init(jax.random.key(1), x)
-  for module in (mxl.DenseGeneral(features, axis, kernel_axes=names, **inits),
-                 mxl.DenseGeneral(features, axis, kernel_init=boxed)):
+  for module in (mxl.DenseGeneral(features, axis=axis, kernel_axes=names, **inits),
+                 mxl.DenseGeneral(features, axis=axis, kernel_init=boxed)):
     kernel = module.init(jax.random.key(1), x)["params"]["kernel"]
     assert kernel.names == names
     np.testing.assert_array_equal(kernel.value, stock["params"]["kernel"].value)
@@ -156,9 +156,9 @@ def test_dense_general_init_is_stock_flax_init(features, axis):
   kernel_2d = want["kernel"].reshape(-1, math.prod(np.atleast_1d(features)))
   quantized = quantize_2x(kernel_2d, recipe.fwd_format, axes=(0, 1))
   n_in = want["kernel"].ndim - np.atleast_1d(features).size
-  for module in (mxl.DenseGeneral(features, axis, **inits),
-                 mxl.DenseGeneral(features, axis, kernel_axes=names, **inits),
-                 mxl.DenseGeneral(features, axis, bias_init=inits["bias_init"],
+  for module in (mxl.DenseGeneral(features, axis=axis, **inits),
+                 mxl.DenseGeneral(features, axis=axis, kernel_axes=names, **inits),
+                 mxl.DenseGeneral(features, axis=axis, bias_init=inits["bias_init"],
                                   kernel_init=nn.with_logical_partitioning(
                                       inits["kernel_init"], names))):
     with context.quantized_model_init(recipe=recipe):
@@ -181,6 +181,31 @@ def test_precision_reaches_the_high_precision_product_as_in_nn_dense():
   assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(stock)
   assert "precision=(Precision.HIGHEST, Precision.HIGHEST)" in jaxpr(ours)
   np.testing.assert_array_equal(ours.apply(params, x), stock.apply(params, x))
+
+
+def test_fields_after_features_are_keyword_only():
+  """`nn.Dense(16, False)` means no bias, but mxjax.Dense's second field was `axis`: it
+  kept the bias and contracted axis 0 (on a square input, silently). Now a TypeError."""
+  for module in (mxl.Dense, mxl.DenseGeneral):
+    with pytest.raises(TypeError, match="positional argument"):
+      module(16, False)
+  assert mxl.Dense(16, use_bias=False).use_bias is False
+
+
+def test_promote_dtype_is_the_layers_as_in_nn_dense():
+  """A custom `promote_dtype` (everything to bf16): stock's bits and dtype in high
+  precision, a bf16 output through the MX product."""
+  def to_bf16(*args, dtype=None):
+    return [None if a is None else a.astype(jnp.bfloat16) for a in args]
+
+  x = jax.random.normal(jax.random.key(0), (4, 64))
+  stock, ours = nn.Dense(16, promote_dtype=to_bf16), mxl.Dense(16, promote_dtype=to_bf16)
+  params = stock.init(jax.random.key(1), x)
+  want = stock.apply(params, x)
+  assert want.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(bits_of(ours.apply(params, x)), bits_of(want))
+  with context.autocast(recipe=MXFP8BlockScaling()):
+    assert ours.apply(params, x).dtype == jnp.bfloat16
 
 
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])

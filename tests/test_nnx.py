@@ -313,6 +313,33 @@ def test_precision_reaches_the_high_precision_product_as_in_nnx_linear():
   np.testing.assert_array_equal(bits_of(ours(X)), bits_of(stock(X)))
 
 
+def test_promote_dtype_is_the_layers_as_in_nnx_linear():
+  """A custom `promote_dtype` (everything to bf16, whatever `dtype` says): stock's bits and
+  dtype in high precision, bf16 through the MX product; a quantized kernel reaches it as
+  a param_dtype scalar and is used as it is."""
+  calls = []
+
+  def to_bf16(args, *, dtype=None):
+    calls.append(tuple(None if a is None else (a.shape, a.dtype) for a in args))
+    return tuple(None if a is None else a.astype(jnp.bfloat16) for a in args)
+
+  stock = nnx.Linear(64, 16, promote_dtype=to_bf16, rngs=nnx.Rngs(0))
+  ours = mxnnx.Linear(64, 16, promote_dtype=to_bf16, rngs=nnx.Rngs(0))
+  want = stock(X)
+  assert want.dtype == jnp.bfloat16 and calls[-1] == ((X.shape, X.dtype), ((64, 16), jnp.float32),
+                                                      ((16,), jnp.float32))
+  np.testing.assert_array_equal(bits_of(ours(X)), bits_of(want))
+  assert calls[-1] == calls[-2]
+  with context.autocast(recipe=MXFP8BlockScaling()):
+    assert ours(X).dtype == jnp.bfloat16
+  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+    frozen = mxnnx.Linear(64, 16, use_bias=False, promote_dtype=to_bf16, rngs=nnx.Rngs(0))
+  y = frozen(X)
+  assert calls[-1] == ((X.shape, X.dtype), ((), jnp.float32), None)
+  w = nnx.as_pure(frozen.kernel)[0].dequantize(jnp.bfloat16)
+  np.testing.assert_array_equal(bits_of(y), bits_of(X.astype(jnp.bfloat16) @ w))
+
+
 def test_preferred_element_type_sets_the_output_dtype_as_in_nnx_linear():
   """bf16 operands, f32 output: stock's bits in high precision, the MX product's f32 output
   (which rounds to its bf16 output) under a recipe, and a quantized kernel's high-precision

@@ -17,10 +17,12 @@ data and the scales each a PartitionSpec that the mesh splits evenly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+from flax.linen import dtypes as linen_dtypes
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -108,7 +110,8 @@ class DenseGeneral(nn.Module):
   """A linear map over the input axes `axis` to output dims `features`, under the recipe.
 
   Attributes:
-    features: int or tuple of output dims.
+    features: int or tuple of output dims; the one positional field (`nn.Dense` and
+      `nn.DenseGeneral` order the others differently: each is taken by keyword).
     axis: input axes contracted (int or tuple).
     use_bias: add a bias of shape `features`.
     dtype: computation / output dtype; None: promoted from input and params.
@@ -121,9 +124,12 @@ class DenseGeneral(nn.Module):
     state_collection: the variable collection of the recipe state.
     precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
       products fix their own), as in `nn.Dense`.
+    promote_dtype: as in `nn.Dense`: `(x, kernel, bias, dtype=) -> the same`; a quantized
+      kernel is passed as a `param_dtype` scalar (and kept as it is).
   """
 
   features: int | Sequence[int]
+  _: dataclasses.KW_ONLY
   axis: int | Sequence[int] = -1
   use_bias: bool = True
   dtype: Any = None
@@ -135,6 +141,18 @@ class DenseGeneral(nn.Module):
   recipe: Recipe | None = None
   state_collection: str = state_lib.STATE_COLLECTION
   precision: jax.lax.PrecisionLike = None
+  promote_dtype: Callable = linen_dtypes.promote_dtype
+
+  def __post_init__(self):
+    try:
+      super().__post_init__()
+    except ValueError as error:  # Flax's `parent` follows the keyword-only fields
+      if "parent must be" not in str(error):
+        raise
+      raise TypeError(
+          f"mxjax.{type(self).__name__} takes `features` positionally and every other field "
+          f"by keyword (nn.Dense and nn.DenseGeneral order theirs differently); got a second "
+          f"positional argument {self.parent!r}") from None
 
   @nn.compact
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
@@ -154,18 +172,16 @@ class DenseGeneral(nn.Module):
 
     batch = [d for d in range(x.ndim) if d not in axes]
     x2 = jnp.transpose(x, batch + list(axes)).reshape(*(x.shape[d] for d in batch), k)
-    quantized = _gemm.is_quantized(kernel)
-    dtype = self.dtype or jnp.result_type(
-        x.dtype, self.param_dtype if quantized else kernel.dtype,
-        *([bias.dtype] if bias is not None else []))
-    x2 = x2.astype(dtype)
-    if not quantized:
-      kernel = kernel.reshape(k, n).astype(dtype)
+    if not _gemm.is_quantized(kernel):
+      kernel = kernel.reshape(k, n)
+    x2, kernel, bias, dtype = _gemm.promote_operands(
+        lambda args: self.promote_dtype(*args, dtype=self.dtype), x2, kernel, bias,
+        self.param_dtype)
     y = self._project(x2, kernel, dtype,
                       _gemm.flat_features_sharding(out_sharding, len(batch), len(features)))
     y = y.reshape(*y.shape[:-1], *features)
     if bias is not None:
-      y = y + bias.astype(dtype)
+      y = y + bias
     return y
 
   def _kernel(self, shape, shape_2d, n_in):
@@ -300,9 +316,12 @@ class LayerNormDense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """x [..., *in_dims] -> [..., *features]."""
     x = _norm(self.norm_type, self.epsilon, self.dtype, self.param_dtype)(x)
-    return DenseGeneral(self.features, self.axis, self.use_bias, self.dtype, self.param_dtype,
-                        self.kernel_init, self.bias_init, self.kernel_axes, self.bias_axes,
-                        self.recipe, self.state_collection, name="dense")(x)
+    return DenseGeneral(self.features, axis=self.axis, use_bias=self.use_bias,
+                        dtype=self.dtype, param_dtype=self.param_dtype,
+                        kernel_init=self.kernel_init, bias_init=self.bias_init,
+                        kernel_axes=self.kernel_axes, bias_axes=self.bias_axes,
+                        recipe=self.recipe, state_collection=self.state_collection,
+                        name="dense")(x)
 
 
 def _norm(norm_type: str, epsilon: float, dtype, param_dtype) -> nn.Module:

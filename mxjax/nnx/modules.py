@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 from flax.core import meta
+from flax.nnx.nn import dtypes as nnx_dtypes
 
 from mxjax import _gemm, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
@@ -72,6 +73,8 @@ class Linear(nnx.Module):
       `flax.nnx.Linear`.
     precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
       products fix their own).
+    promote_dtype: as in `flax.nnx.Linear`: `(x, kernel, bias) -> the same` with `dtype`;
+      a quantized kernel is passed as a `param_dtype` scalar (and kept as it is).
     recipe: None means the autocast recipe (none: high precision), or, once
       `mxjax.nnx.quantize` has given the layer a rule (`rule_recipe`), the rule's recipe
       under an enabled autocast.
@@ -85,10 +88,11 @@ class Linear(nnx.Module):
                kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
                bias_metadata: Mapping[str, Any] = MappingProxyType({}),
                precision: lax.PrecisionLike = None, preferred_element_type: Any = None,
+               promote_dtype: Callable = nnx_dtypes.promote_dtype,
                recipe: Recipe | None = None, rngs: nnx.Rngs):
     self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
     self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
-    self.preferred_element_type = preferred_element_type
+    self.preferred_element_type, self.promote_dtype = preferred_element_type, promote_dtype
     self.recipe, self.rule_recipe = recipe, AUTOCAST
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
@@ -119,18 +123,16 @@ class Linear(nnx.Module):
           f"{type(kernel).__name__}, not an array: a quantized kernel's variables were given "
           "to a layer built outside mxjax.quantized_model_init (nnx.bridge.ToLinen builds "
           "the layer again in every apply: run apply under quantized_model_init too)")
-    dtype = self.dtype or jnp.result_type(
-        x.dtype, self.param_dtype if quantized else kernel.dtype,
-        *([bias.dtype] if bias is not None else []))
-    if not quantized:
-      kernel = kernel.astype(dtype)
+    x, kernel, bias, dtype = _gemm.promote_operands(
+        lambda args: self.promote_dtype(args, dtype=self.dtype), x, kernel, bias,
+        self.param_dtype)
     recipe, where = self._recipe(), f"nnx.Linear({self.in_features}, {self.out_features})"
     if quantized:
       _gemm.check_quantized_kernel(kernel, recipe, where)
     stored = nnx.as_pure(self.recipe_state)
     run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
     held = stored if run_state is not stored else None
-    y, forward_state = _gemm.project(x.astype(dtype), kernel, recipe, run_state, held,
+    y, forward_state = _gemm.project(x, kernel, recipe, run_state, held,
                                      dtype=self.preferred_element_type or dtype, where=where,
                                      precision=self.precision,
                                      out_sharding=out_sharding)
@@ -140,7 +142,7 @@ class Linear(nnx.Module):
       jax.tree.map(lambda var, value: var.set_value(value), self.recipe_state, forward_state,
                    is_leaf=_is_variable)
     if bias is not None:
-      y = y + bias.astype(dtype)
+      y = y + bias
     return y
 
 
