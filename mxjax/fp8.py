@@ -109,8 +109,7 @@ def _settled(config: _Config, tensors):
   """The DelayedScaling tensors as one use (`mxjax.state.settle`); None stays None."""
   if tensors is None:
     return None
-  state = state_lib.RecipeState(tensors=tensors, kind=state_lib.kind_of(config.recipe))
-  return dict(state_lib.settle(state, config.recipe).tensors)
+  return {role: state_lib.settle_tensor(t, config.recipe, role) for role, t in tensors.items()}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
