@@ -3,12 +3,13 @@ fixed cost of one FFI kernel call; and of one eager (un-jitted) mxjax op.
 
   python benchmarks/step.py                    # the sweep's default LM (d_model 128, ...)
   python benchmarks/step.py --d-model 256 --layers 4 --seq-len 256 --batch-size 32
-  python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1
+  python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1,fp8_delayed
   python benchmarks/step.py --dtype float32    # an f32 model (Flax's default), against f32
 
-The step is the sweep's (`mxjax.sweep.train`: loss, grads, AdamW update) jitted under each
-recipe's `autocast`; the steps are timed in turn within each repetition (median), so a
-noisy neighbour slows all of them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15. With
+The step is the sweep's (`mxjax.sweep.train.Runner.step`: loss, grads, AdamW update and a
+stateful recipe's next state) jitted under each row's treatment, as the sweep runs it; the
+steps are timed in turn within each repetition (median), so a noisy neighbour slows all of
+them alike. Goal (issue 13): MXFP8 / bf16 <= 1.15. With
 `--dtype float32` the model computes in f32 and the baseline ("bf16", the sweep's name for
 no recipe) is the same f32 model without MX.
 
@@ -28,40 +29,33 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved_medians  # noqa: E402
 
 from mxjax import _ffi  # noqa: E402
 from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
-from mxjax.context import autocast  # noqa: E402
 from mxjax.quantize import quantize  # noqa: E402
 from mxjax.sweep import formats as sweep_formats  # noqa: E402
 from mxjax.sweep import model as model_lib  # noqa: E402
 from mxjax.sweep import train as train_lib  # noqa: E402
 
 
-def step_fns(lm, config: train_lib.TrainConfig, names):
-  """{format name: step(params, opt_state, batch)} jitted and called under its recipe."""
-  tx = train_lib.optimizer(config)
-
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: train_lib.loss_fn(lm, p, batch))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+def step_fns(lm, config: train_lib.TrainConfig, names, seq_len: int):
+  """{format name: step(params, opt_state, batch)}: the sweep's jitted step (its `Runner`)
+  called under the row's treatment. A stateful recipe's step starts from its initial
+  state each time (the state's values do not change the work)."""
   fns = {}
   for name in names:
-    recipe = sweep_formats.FORMATS[name].recipe()
-    jitted = jax.jit(step)
+    runner = train_lib.Runner(lm, config, train_lib.Treatment.for_gemms(sweep_formats.FORMATS[name]),
+                              seq_len)
 
-    def run(*args, jitted=jitted, recipe=recipe):
-      with autocast(enabled=recipe is not None, recipe=recipe):
-        return jitted(*args)
+    def run(params, opt_state, batch, runner=runner):
+      with runner.treatment.context():
+        return runner.step(params, runner.state0, opt_state, batch)
 
     fns[name] = run
-  return fns, tx
+  return fns, runner.tx
 
 
 def ffi_call_cost(calls: int, shape=(16, 128), reps: int = 9) -> tuple[float, float]:
@@ -110,7 +104,7 @@ def main(argv=None):
   lm = model_lib.LanguageModel(config, dtype=jnp.dtype(args.dtype))
   params = train_lib.init_params(lm, 0, args.seq_len)
   names = [sweep_formats.BASELINE, *(f.name for f in sweep_formats.parse(args.formats))]
-  fns, tx = step_fns(lm, train_lib.TrainConfig(), names)
+  fns, tx = step_fns(lm, train_lib.TrainConfig(), names, args.seq_len)
   batch = jnp.asarray(np.random.default_rng(0).integers(
       0, config.vocab, (args.batch_size, args.seq_len + 1)), jnp.int32)
   opt_state = tx.init(params)

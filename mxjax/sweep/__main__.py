@@ -150,18 +150,10 @@ class _Sweep:
     return train.Runner(self.lm, self.train_config, treatment, self.args.seq_len)
 
   def gemm_treatment(self, f: formats.SweepFormat) -> train.Treatment:
-    """The row's GEMM recipe (QAT and PTQ weights+acts); weight-only rows quantize the
-    kernels instead."""
-    a = self.args
-    if f.kind == "weight_only":
-      return self.weights_treatment(f)
-    return train.Treatment(recipe=f.recipe(a.block_size, a.scale_mode), rules=self.rules)
+    return train.Treatment.for_gemms(f, self.args.block_size, self.args.scale_mode, self.rules)
 
   def weights_treatment(self, f: formats.SweepFormat) -> train.Treatment:
-    """PTQ weights only: the kernels quantize-dequantized as the row stores them."""
-    a = self.args
-    return train.Treatment(weight_quantizer=f.weight_quantizer(a.block_size, a.scale_mode),
-                           rules=self.rules)
+    return train.Treatment.weights_only(f, self.args.block_size, self.args.scale_mode, self.rules)
 
   def row(self, f: formats.SweepFormat, quantized: str) -> report.Row:
     return report.Row(f.name, quantized, f.bytes_per_param(self.args.block_size), f.given)

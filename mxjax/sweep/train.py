@@ -24,6 +24,7 @@ from mxjax import rules as rules_lib
 from mxjax import state as state_lib
 from mxjax.context import autocast
 from mxjax.recipes import Recipe
+from mxjax.sweep import formats as formats_lib
 from mxjax.sweep import model as model_lib
 
 
@@ -120,6 +121,21 @@ class Treatment:
   weight_quantizer: Callable | None = None
   rules: tuple = ()
 
+  @classmethod
+  def for_gemms(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+                scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
+    """Row `f`'s GEMM recipe (QAT, PTQ weights+acts); weight-only rows quantize the
+    kernels instead."""
+    if f.kind == "weight_only":
+      return cls.weights_only(f, block_size, scale_mode, rules)
+    return cls(recipe=f.recipe(block_size, scale_mode), rules=rules)
+
+  @classmethod
+  def weights_only(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+                   scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
+    """PTQ weights only: the kernels quantize-dequantized as row `f` stores them."""
+    return cls(weight_quantizer=f.weight_quantizer(block_size, scale_mode), rules=rules)
+
   @contextlib.contextmanager
   def context(self):
     """The autocast (and interception of the rules) the row's model runs under."""
@@ -161,7 +177,7 @@ class Runner:
       with treatment.context():
         self.state0 = jax.jit(lambda key: model.init(key, tokens)[
             state_lib.STATE_COLLECTION])(jax.random.key(0))
-    self._step = jax.jit(self._step_impl)
+    self.step = jax.jit(self._step)
     self._forward = jax.jit(self._apply)
 
   def _apply(self, params, state, batch):
@@ -174,7 +190,9 @@ class Runner:
         mutable=[state_lib.STATE_COLLECTION])
     return cross_entropy(logits, batch), mutated[state_lib.STATE_COLLECTION]
 
-  def _step_impl(self, params, state, opt_state, batch):
+  def _step(self, params, state, opt_state, batch):
+    """(params, state, opt_state, loss) after one AdamW step on `batch` int32[B, T + 1];
+    call it (jitted: `step`) under `treatment.context()`."""
     (loss, mutated), (g_params, g_state) = jax.value_and_grad(
         self._apply, argnums=(0, 1), has_aux=True)(params, state, batch)
     updates, opt_state = self.tx.update(g_params, opt_state, params)
@@ -198,7 +216,7 @@ class Runner:
       for i in bar:
         batch = jnp.asarray(next(batches))
         t0 = time.perf_counter()
-        params, state, opt_state, loss = self._step(params, state, opt_state, batch)
+        params, state, opt_state, loss = self.step(params, state, opt_state, batch)
         loss = float(loss)  # waits for the step
         times.append(time.perf_counter() - t0)
         curve.append(loss)
