@@ -153,9 +153,9 @@ def _fp8_dot_bwd(config: _Config, residuals, cotangents):
   d_k = (d_k / (s_g * s_in)).astype(config.rhs_dtype)
   next_tensors = None
   if tensors is not None:
+    state = state_lib.RecipeState(tensors=tensors, kind=state_lib.kind_of(config.recipe))
     recorded = state_lib.update(
-        state_lib.RecipeState(tensors=tensors, kind=state_lib.kind_of(config.recipe)),
-        {**amaxes, "grad": a_g}, config.recipe)
+        state, state_lib.batch_amaxes({**amaxes, "grad": a_g}, state), config.recipe)
     next_tensors = dict(recorded.tensors)
   return d_in, d_k, next_tensors
 

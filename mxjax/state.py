@@ -22,10 +22,11 @@ global array, so the amax is global. Inside `shard_map` / `pmap` the amax is loc
 with `reduce_amax=True` it is `lax.pmax`-ed over every bound named axis (`reduce_amax`).
 
 A GEMM applied N times in one differentiated loss (micro-batches in a `lax.scan` or a
-loop, `vmap` over the batch with the state shared) gets the sum of N next states as its
-gradient: JAX adds the cotangents of one input's uses. Each next state counts itself as
-one use (`TensorScaling.uses`), so the sum says how many it holds, and every step first
-reads a state as one use (`settle`).
+loop) gets the sum of N next states as its gradient: JAX adds the cotangents of one
+input's uses. Each next state counts itself as one use (`TensorScaling.uses`), so the sum
+says how many it holds, and every step first reads a state as one use (`settle`). A
+`vmap` over the batch with the state shared records each amax's max over the mapped axis
+(`batch_amaxes`): one use, as one call on the whole batch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 from mxjax import _export_pytrees, formats
 from mxjax.recipes import Recipe
@@ -185,6 +187,40 @@ def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> Rec
   tensors = {role: update_tensor(t, amaxes[role], recipe, role) if role in amaxes
              else settle_tensor(t, recipe, role) for role, t in state.tensors.items()}
   return RecipeState(tensors=tensors, kind=state.kind)
+
+
+def forward_record(state: RecipeState, amaxes: Mapping[str, Any],
+                   recipe: Recipe) -> RecipeState:
+  """The state a forward call stores: `update` with its input and kernel amaxes
+  (`batch_amaxes`), as data (not differentiated)."""
+  if not state.tensors:
+    return state
+  return lax.stop_gradient(update(state, batch_amaxes(amaxes, state), recipe))
+
+
+def batch_amaxes(amaxes: Mapping[str, Any], state: RecipeState) -> dict:
+  """`amaxes` (role -> f32[], not differentiated) as one record of `state`'s: where an
+  amax is batched and the state is not (a shared layer under a per-example `vmap`,
+  `nnx.vmap(in_axes=(None, 0))`), its max over the mapped axis, the amax one call on the
+  whole batch records."""
+  return {role: _unbatched_like(*lax.stop_gradient((amax, state.tensors[role].uses)))
+          for role, amax in amaxes.items()}
+
+
+@custom_vmap
+def _unbatched_like(amax, like):
+  """`amax`; under `vmap`, max-reduced over the mapped axis where `like` is not mapped."""
+  del like
+  return amax
+
+
+@_unbatched_like.def_vmap
+def _unbatched_like_vmap(axis_size, in_batched, amax, like):
+  del axis_size, like
+  amax_batched, like_batched = in_batched
+  if amax_batched and not like_batched:
+    return jnp.max(amax, axis=0), False
+  return amax, amax_batched
 
 
 def _core_axis_names() -> tuple:

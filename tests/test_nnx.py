@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import bits_of, mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
-from mxjax import context, nnx as mxnnx
+from mxjax import context, nnx as mxnnx, state as state_lib
 from mxjax.mxarray import MXArray
 from mxjax.recipes import DelayedScaling, MXFP4BlockScaling, MXFP8BlockScaling
 
@@ -81,6 +81,42 @@ def test_several_calls_in_one_loss_overwrite_as_one_call():
   for a, b in zip(jax.tree.leaves(state3), jax.tree.leaves(state1), strict=True):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_allclose(kernel3, 3 * kernel1, rtol=1e-5)
+
+
+def test_per_example_nnx_vmap_of_a_shared_layer_records_the_whole_batch():
+  """`nnx.vmap(in_axes=(None, 0))` of one DelayedScaling layer (per-example calls): the
+  stored forward record and the gradient overwrite are the whole batch's (each amax
+  max-reduced over the examples), step after step. Before, NNX refused the batched record
+  in the shared layer ("axis spec None but output was batched")."""
+  recipe = DelayedScaling(amax_history_len=4)
+  which = nnx.DiffState(0, nnx.Any(nnx.Param, mxnnx.RecipeStateVar))
+
+  def per_example(m, x):
+    return jnp.sum(nnx.vmap(lambda m, xi: m(xi), in_axes=(None, 0))(m, x) ** 2)
+
+  def whole_batch(m, x):
+    return jnp.sum(m(x) ** 2)
+
+  def train(loss):
+    with context.autocast(recipe=recipe):
+      layer = mxnnx.Linear(64, 16, rngs=nnx.Rngs(0))
+      states = []
+      for _ in range(3):
+        grads = nnx.grad(loss, argnums=which)(layer, X)
+        states.append(nnx.as_pure(layer.recipe_state))  # the forward's record
+        nnx.update(layer, nnx.state(grads, mxnnx.RecipeStateVar))
+        states.append(nnx.as_pure(layer.recipe_state))  # the overwrite
+    return states, grads["kernel"].get_value()
+
+  (states, kernel), (want_states, want_kernel) = train(per_example), train(whole_batch)
+  for got, want in zip(states, want_states, strict=True):
+    for role in ("input", "kernel"):
+      for name in ("amax_history", "scale", "uses"):
+        np.testing.assert_array_equal(getattr(got.tensors[role], name),
+                                      getattr(want.tensors[role], name))
+    np.testing.assert_allclose(got.tensors["grad"].amax_history,
+                               want.tensors["grad"].amax_history, rtol=0.05)
+  assert _rel(kernel, want_kernel) < 0.05
 
 
 def test_recipe_change_warns_and_replaces_state():

@@ -228,11 +228,13 @@ def _micro_batch_loss(model, how: str, n: int):
 @pytest.mark.parametrize("n", [3, 4])
 @pytest.mark.parametrize("how", ["scan", "loop", "vmap"])
 def test_micro_batches_in_one_loss_advance_the_state_once(how, n):
-  """A loss that applies the layer to n identical micro-batches: JAX sums the n next
-  states into the overwrite. Step after step the state reads back (`settle`) as one step's
-  record: the kernel's history as with one batch, the input's and the gradient's with the
-  sum of the n (equal) amaxes; the kernel gradient stays n times the one-batch gradient.
-  Before, the scales were summed and the history multiplied by n every step."""
+  """A loss that applies the layer to n identical micro-batches. A scan or a loop: JAX sums
+  the n next states into the overwrite, and step after step the state reads back (`settle`)
+  as one step's record: the kernel's history as with one batch, the input's and the
+  gradient's with the sum of the n (equal) amaxes. A vmap sharing the state records the
+  max over the mapped axis: the one-batch state itself. The kernel gradient stays n times
+  the one-batch gradient. Before, the scales were summed and the history multiplied by n
+  every step."""
   recipe = DelayedScaling(amax_history_len=4)
   model, variables, x = _dense_variables(recipe)
   micro = jax.jit(jax.grad(_micro_batch_loss(model, how, n)))
@@ -248,16 +250,38 @@ def test_micro_batches_in_one_loss_advance_the_state_once(how, n):
       single_vars = {**variables, "mx_state": g_single["mx_state"]}
   summed = micro_vars["mx_state"]["recipe_state"]
   want = single_vars["mx_state"]["recipe_state"].tensors
-  assert float(summed.tensors["grad"].uses) == n  # vmap leaves the shared kernel's unsummed
+  uses = 1 if how == "vmap" else n
+  assert float(summed.tensors["grad"].uses) == uses
   got = state_lib.settle(summed, recipe).tensors
   for name in ("amax_history", "scale", "uses"):
     np.testing.assert_allclose(getattr(got["kernel"], name), getattr(want["kernel"], name),
                                rtol=1e-6)
-  np.testing.assert_allclose(got["input"].amax_history, n * want["input"].amax_history,
+  np.testing.assert_allclose(got["input"].amax_history, uses * want["input"].amax_history,
                              rtol=1e-6)
-  np.testing.assert_allclose(got["grad"].amax_history, n * want["grad"].amax_history,
+  np.testing.assert_allclose(got["grad"].amax_history, uses * want["grad"].amax_history,
                              rtol=0.05)
-  np.testing.assert_allclose(got["input"].scale, want["input"].scale / n, rtol=1e-6)
+  np.testing.assert_allclose(got["input"].scale, want["input"].scale / uses, rtol=1e-6)
+
+
+def test_per_example_nn_vmap_with_a_broadcast_state_records_the_whole_batch():
+  """`nn.vmap` over the examples with `variable_axes={"params": None, "mx_state": None}`:
+  the forward record and the gradient overwrite are the whole batch's (input and kernel
+  bit for bit). Before, vmap refused the batched record in the broadcast collection."""
+  recipe = DelayedScaling(amax_history_len=4)
+  model, variables, x = _dense_variables(recipe)
+  per_example = nn.vmap(mxl.Dense, in_axes=0, out_axes=0, split_rngs={"params": False},
+                        variable_axes={"params": None, state_lib.STATE_COLLECTION: None})(8)
+  with context.autocast(recipe=recipe):
+    records = [m.apply(variables, x, mutable=[state_lib.STATE_COLLECTION])[1]
+               for m in (per_example, model)]
+    overwrites = [jax.grad(lambda v, m=m: jnp.sum(m.apply(v, x) ** 2))(variables)
+                  for m in (per_example, model)]
+  for got, want in (records, overwrites):
+    got, want = (t[state_lib.STATE_COLLECTION]["recipe_state"].tensors for t in (got, want))
+    for role in ("input", "kernel"):
+      for a, b in zip(jax.tree.leaves(got[role]), jax.tree.leaves(want[role]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert float(got["grad"].uses) == 1
 
 
 def test_settle_reads_a_sum_of_uses_as_one():
