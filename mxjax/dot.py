@@ -102,6 +102,7 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   """
   del precision  # see Args
   (lc, rc), (lb, rb) = dimension_numbers
+  lhs, rhs = promote_weak_operands(lhs, rhs)
   lhs_info, rhs_info = _operand_info(lhs, "lhs"), _operand_info(rhs, "rhs")
   lhs_layout = contraction.layout(lhs_info[0], lc, lb, "lhs", contract_first=False)
   rhs_layout = contraction.layout(rhs_info[0], rc, rb, "rhs", contract_first=True)
@@ -131,6 +132,7 @@ def matmul(a, b, **kwargs) -> jax.Array:
   keeps its shape: b [K, N], or batch dims equal to the other's; `out_sharding` needs
   operands of rank >= 2 and no broadcasting.
   """
+  a, b = promote_weak_operands(a, b)
   a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
   if not a_shape or not b_shape:
     raise ValueError(f"mxjax.matmul needs operands of rank >= 1; got {a_shape}, {b_shape}")
@@ -172,6 +174,19 @@ def jnp_result_dtype(a, b):
 
 
 # ---------------------------------------------------------------------------------------
+
+
+def promote_weak_operands(lhs, rhs):
+  """A weakly typed array operand of a dtype MX cannot quantize (a Python scalar's f64
+  under `jax_enable_x64`) cast to the dtype jnp's promotion gives it with the other
+  operand, as `jnp.matmul` does (f32 with an f32 array); other operands as they are."""
+  def promoted(x):
+    if (not _is_array(x) or not getattr(jax.typeof(x), "weak_type", False)
+        or jnp.dtype(x.dtype) in formats.HIGH_PRECISION_DTYPES):
+      return x
+    return x.astype(jnp_result_dtype(lhs, rhs))
+
+  return promoted(lhs), promoted(rhs)
 
 
 def _is_array(x) -> bool:
@@ -383,6 +398,8 @@ def _mx_dot_bwd(config: _DotConfig, residuals, g):
     return None, None
   lhs_m, rhs_n = residuals
   g = contraction.merge_groups(g, [len(group) for group in _out_groups(config)])  # [*B, M, N]
+  if g.dtype not in formats.HIGH_PRECISION_DTYPES:  # a preferred_element_type of f64, fp8...
+    g = g.astype(jnp.float32)
   g_n, g_m = quantize_2x(g, config.bwd_format, block_size=config.block_size,
                          scale_mode=config.scale_mode)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).

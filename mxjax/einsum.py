@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax import formats
-from mxjax.dot import _named, _operand_info, dot_general, jnp_result_dtype
+from mxjax.dot import (_named, _operand_info, dot_general, jnp_result_dtype,
+                       promote_weak_operands)
 
 
 def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
@@ -50,7 +51,7 @@ def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
   if len(operands) != 2:
     raise TypeError(f"mxjax.einsum takes exactly two operands, got {len(operands)}: contract "
                     "more of them with one call per pair")
-  a, b = operands
+  a, b = promote_weak_operands(*operands)
   out_dtype = preferred_element_type or jnp_result_dtype(a, b)
 
   def mx_dot(a, b, dims, out_sharding=None):

@@ -115,9 +115,15 @@ def _dequantize_call(data, scales, fmt, block_size: int, axis: int, length: int,
 # and inside another jit it is inlined.
 
 
-def _no_derivative(op, name: str):
-  """`op` with a JVP rule that raises a TypeError saying what to use instead (without it,
-  differentiating the op fails inside `custom_partitioning` with JAX's own message)."""
+_STRAIGHT_THROUGH_HINT = ("For a straight-through gradient use mxjax.fake_quantize; to "
+                          "quantize a value as a constant, pass it through "
+                          "jax.lax.stop_gradient first.")
+
+
+def _no_derivative(op, name: str, hint: str = _STRAIGHT_THROUGH_HINT):
+  """`op` with a JVP rule that raises a TypeError naming `name` and saying what to do
+  (`hint`); without it, differentiating the op fails inside `custom_partitioning` with
+  JAX's own message."""
   op = jax.custom_jvp(op)
 
   @op.defjvp
@@ -126,8 +132,7 @@ def _no_derivative(op, name: str):
     raise TypeError(
         f"{name} has no derivative (its codes are piecewise constant), and mxjax's products "
         f"(dot_general, einsum, Dense) differentiate once, in reverse mode (jax.grad, "
-        f"jax.vjp). For a straight-through gradient use mxjax.fake_quantize; to quantize a "
-        f"value as a constant, pass it through jax.lax.stop_gradient first.")
+        f"jax.vjp). {hint}")
 
   return op
 
@@ -250,7 +255,11 @@ def _fake_quantize_op(fmt, block_size: int, mode, axis: int, dtype):
     del axis_size, in_batched
     return _fake_quantize_op(fmt, block_size, mode, axis + 1, dtype)(x), True
 
-  return jax.jit(_no_derivative(op, "mxjax.fake_quantize's quantizer"))
+  return jax.jit(_no_derivative(
+      op, "mxjax.fake_quantize's quantizer",
+      "fake_quantize's straight-through gradient is its one derivative, in reverse mode: "
+      "forward mode (jax.jvp, jax.jacfwd) and a second derivative (jax.hessian, grad of "
+      "grad) have none."))
 
 
 # ---------------------------------------------------------------------------------------

@@ -173,6 +173,25 @@ def test_dtypes(dtype):
   assert bool(jnp.all(mxjax.matmul(x, w) == 32))
 
 
+@pytest.mark.parametrize("out_dtype", ["float8_e4m3fn", "float64"])
+def test_gradient_of_an_output_dtype_mx_cannot_quantize(out_dtype):
+  """preferred_element_type f64 (under x64) or FP8, as `lax.dot_general` takes it: the
+  cotangent of that dtype is widened to f32 for the backward's quantizer, so the gradients
+  equal those of an f32 output fed the same cotangent (before: quantize_2x's TypeError)."""
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  w = jax.random.normal(jax.random.key(1), (64, 16))
+  g = jnp.round(jax.random.normal(jax.random.key(2), (8, 16)) * 4) / 4  # exact in FP8
+  with jax.enable_x64(out_dtype == "float64"):
+    def grads(dtype):
+      out, vjp = jax.vjp(lambda x, w: mxjax.matmul(x, w, preferred_element_type=dtype), x, w)
+      assert out.dtype == jnp.dtype(dtype)
+      return vjp(g.astype(dtype))
+    got, want = grads(jnp.dtype(out_dtype)), grads(jnp.float32)
+  for a, b in zip(got, want, strict=True):
+    assert a.dtype == jnp.float32
+    np.testing.assert_array_equal(a, b)
+
+
 # ---------------------------------------------------------------------------------------
 # Gradients: the straight-through definition, computed with the oracle.
 

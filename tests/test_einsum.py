@@ -142,6 +142,29 @@ def test_weak_types_give_jnp_output_dtypes():
   assert mxjax.matmul(x, weak).dtype == jnp.bfloat16 != mxjax.matmul(x, strong).dtype
 
 
+def test_weakly_typed_f64_operands_under_x64_take_jnps_promotion():
+  """Under `jax_enable_x64` a Python scalar's array is a weak f64: jnp's products cast it to
+  the other operand's dtype, and so do mxjax's (bit for bit the product with that dtype's
+  array). Before, mxjax refused it as an f64 operand."""
+  with jax.enable_x64(True):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      x = jax.random.normal(jax.random.key(0), (4, 64)).astype(dtype)
+      weak = jnp.full((64, 16), 0.3)
+      assert weak.dtype == jnp.float64 and jax.typeof(weak).weak_type
+      strong = weak.astype(dtype)
+      dims = (((1,), (0,)), ((), ()))
+      for op, want_dtype in ((lambda a, b: mxjax.matmul(a, b), jnp.matmul(x, weak).dtype),
+                             (lambda a, b: mxjax.einsum("ik,kn->in", a, b),
+                              jnp.einsum("ik,kn->in", x, weak).dtype),
+                             (lambda a, b: mxjax.dot_general(a, b, dims), dtype)):
+        got, want = op(x, weak), op(x, strong)
+        assert got.dtype == want.dtype == want_dtype == dtype
+        np.testing.assert_array_equal(got, want)
+        assert op(weak.T, x.T).dtype == dtype  # either side
+    with pytest.raises(TypeError, match="float64"):  # a strong f64 stays refused
+      mxjax.matmul(x, jnp.ones((64, 16), jnp.float64))
+
+
 def test_output_dtype_and_preferred_element_type():
   a = jnp.ones((4, 64), jnp.bfloat16)
   b = jnp.ones((64, 3), jnp.bfloat16)
