@@ -198,6 +198,19 @@ def forward_record(state: RecipeState, amaxes: Mapping[str, Any],
   return lax.stop_gradient(update(state, batch_amaxes(amaxes, state), recipe))
 
 
+def merge_records(start: RecipeState, earlier: RecipeState, later: RecipeState,
+                  recipe: Recipe) -> RecipeState:
+  """One forward record of two calls that both ran on `start` (a layer called twice in one
+  forward): `start` with the input's and the kernel's larger amax of the two recorded,
+  the record of one call on both inputs."""
+  if not start.tensors:
+    return later
+  amaxes = {role: jnp.maximum(earlier.tensors[role].amax_history[0],
+                              later.tensors[role].amax_history[0])
+            for role in ("input", "kernel")}
+  return forward_record(start, amaxes, recipe)
+
+
 def batch_amaxes(amaxes: Mapping[str, Any], state: RecipeState) -> dict:
   """`amaxes` (role -> f32[], not differentiated) as one record of `state`'s: where an
   amax is batched and the state is not (a shared layer under a per-example `vmap`,

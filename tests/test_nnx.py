@@ -13,7 +13,8 @@ from sharding_helpers import spec_of
 
 from mxjax import context, nnx as mxnnx, state as state_lib
 from mxjax.mxarray import MXArray
-from mxjax.recipes import DelayedScaling, MXFP4BlockScaling, MXFP8BlockScaling
+from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+                           MXFP8BlockScaling)
 
 X = jax.random.normal(jax.random.key(0), (8, 64))
 
@@ -61,10 +62,13 @@ def test_delayed_state_forward_and_gradient_overwrite():
   np.testing.assert_allclose(advanced["input"].scale, 448.0 / amax_x, rtol=1e-6)
 
 
-def test_several_calls_in_one_loss_overwrite_as_one_call():
-  """A loss calling the layer 3 times (NNX micro-batches): each later call reads the state
-  the one before it stored, so the overwrite is the first call's next state, step after
-  step the one-call state bit for bit; before, the history turned NaN."""
+def test_several_calls_in_one_loss_run_on_the_steps_state():
+  """A loss calling the layer 3 times on one batch (NNX micro-batches), step after step:
+  each call runs on the state the step started with, so the forward record is the one-call
+  record, the overwrite holds 3 uses (the kernel's history as one call's, the input's
+  newest amax their sum), and the kernel gradient is 3 times the one-call gradient. Before,
+  each later call read the record the call before it stored (its scales from the earlier
+  call's amaxes), and before that the history turned NaN."""
   recipe = DelayedScaling(amax_history_len=4)
 
   def train(calls):
@@ -74,13 +78,57 @@ def test_several_calls_in_one_loss_overwrite_as_one_call():
       for _ in range(4):
         loss = lambda m: sum(jnp.sum(m(X) ** 2) for _ in range(calls))  # noqa: E731
         grads = nnx.grad(loss, argnums=which)(layer)
+        record = nnx.as_pure(layer.recipe_state)
         nnx.update(layer, nnx.state(grads, mxnnx.RecipeStateVar))
-    return nnx.as_pure(layer.recipe_state), grads["kernel"].get_value()
+    return record, nnx.as_pure(layer.recipe_state), grads["kernel"].get_value()
 
-  (state3, kernel3), (state1, kernel1) = train(3), train(1)
-  for a, b in zip(jax.tree.leaves(state3), jax.tree.leaves(state1), strict=True):
-    np.testing.assert_array_equal(a, b)
-  np.testing.assert_allclose(kernel3, 3 * kernel1, rtol=1e-5)
+  (record3, state3, kernel3), (record1, state1, kernel1) = train(3), train(1)
+  for role in ("input", "kernel"):
+    np.testing.assert_array_equal(record3.tensors[role].amax_history[0],
+                                  record1.tensors[role].amax_history[0])
+  assert float(state3.tensors["input"].uses) == 3
+  settled = state_lib.settle(state3, recipe).tensors
+  np.testing.assert_allclose(settled["kernel"].amax_history,
+                             state1.tensors["kernel"].amax_history, rtol=1e-6)
+  np.testing.assert_allclose(settled["input"].amax_history[0],
+                             3 * state1.tensors["input"].amax_history[0], rtol=1e-6)
+  fresh = mxnnx.Linear(64, 16, rngs=nnx.Rngs(0))  # the params, which the steps leave as they are
+  exact = 2 * X.T @ (X @ fresh.kernel.get_value() + fresh.bias.get_value())
+  assert _rel(kernel3, 3 * exact) < 1.5 * _rel(kernel1, exact) < 0.15
+
+
+def test_a_layer_called_on_its_own_output_scales_each_call_from_the_steps_state():
+  """`layer(layer(x))` under DelayedScaling in `nnx.grad`, the second input about 6 times
+  the first's amax: from a fresh state each call scales from its own amax (bit for bit
+  Float8CurrentScaling's forward), the record holds the larger amax and the overwrite both
+  calls. Before, the second call took the first call's scale and saturated (63% error)."""
+  hybrid = dict(fp8_format=Format.HYBRID)
+  which = nnx.DiffState(0, nnx.Any(nnx.Param, mxnnx.RecipeStateVar))
+  x = jax.random.normal(jax.random.key(0), (4, 32))
+
+  def make():
+    return mxnnx.Linear(32, 32, kernel_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(0))
+
+  with context.autocast(recipe=Float8CurrentScaling(**hybrid)):
+    current = make()
+    want, first = current(current(x)), current(x)
+  with context.autocast(recipe=DelayedScaling(amax_history_len=4, **hybrid)):
+    layer = make()
+
+    def loss(m):
+      y = m(m(x))
+      return jnp.sum(y ** 2), y
+
+    (_, got), grads = nnx.value_and_grad(loss, argnums=which, has_aux=True)(layer)
+  np.testing.assert_array_equal(got, want)
+  record = nnx.as_pure(layer.recipe_state).tensors["input"]
+  amaxes = float(jnp.max(jnp.abs(x))), float(jnp.max(jnp.abs(first)))
+  assert amaxes[1] > 4 * amaxes[0]
+  assert float(record.amax_history[0]) == max(amaxes)
+  overwrite = nnx.as_pure(nnx.state(grads, mxnnx.RecipeStateVar))["recipe_state"]
+  overwrite = overwrite.tensors["input"]
+  assert float(overwrite.uses) == 2
+  np.testing.assert_allclose(overwrite.amax_history[0], sum(amaxes), rtol=1e-6)
 
 
 def test_per_example_nnx_vmap_of_a_shared_layer_records_the_whole_batch():

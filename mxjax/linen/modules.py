@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from mxjax import _gemm, context, sharding, state as state_lib
+from mxjax import _gemm, _repeated_calls, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
 
 default_kernel_init = nn.initializers.lecun_normal()
@@ -273,13 +273,20 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
   if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
     return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
   can_write = module.is_mutable_collection(collection)
-  run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write)
-  held = stored if (stored is not None and run_state is not stored) else None
+  forward, layer = module.scope.root, (module.scope.path, collection)
+  start, repeated = _repeated_calls.started_from(forward, layer, stored)
+  run_state, replaced = _gemm.reconcile_state(start, recipe, where, can_write)
+  held = start if (start is not None and run_state is not start) else None
   y, forward_state = _gemm.project(x, kernel, recipe, run_state, held, **gemm)
-  if can_write and (replaced or run_state is stored):
-    # Like BatchNorm's statistics, init stores the initial state without this batch.
-    module.put_variable(collection, _STATE_NAME,
-                        run_state if module.is_initializing() else forward_state)
+  if can_write and (replaced or run_state is start):
+    if module.is_initializing():  # like BatchNorm's statistics: without this batch
+      module.put_variable(collection, _STATE_NAME, run_state)
+    else:
+      if repeated:
+        forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
+      module.put_variable(collection, _STATE_NAME, forward_state)
+      if jax.tree.leaves(forward_state):
+        _repeated_calls.stored(forward, layer, run_state, forward_state)
   return y
 
 

@@ -32,7 +32,7 @@ from jax import lax
 from flax.core import meta
 from flax.nnx.nn import dtypes as nnx_dtypes
 
-from mxjax import _gemm, context, sharding, state as state_lib
+from mxjax import _gemm, _repeated_calls, context, sharding, state as state_lib
 from mxjax.recipes import Recipe
 
 
@@ -130,15 +130,22 @@ class Linear(nnx.Module):
     if quantized:
       _gemm.check_quantized_kernel(kernel, recipe, where)
     stored = nnx.as_pure(self.recipe_state)
-    run_state, replaced = _gemm.reconcile_state(stored, recipe, where, can_write=True)
-    held = stored if run_state is not stored else None
+    in_transform = _repeated_calls.traced((x, kernel, stored))
+    start, repeated = (_repeated_calls.started_from(self, None, stored) if in_transform
+                       else (stored, False))
+    run_state, replaced = _gemm.reconcile_state(start, recipe, where, can_write=True)
+    held = start if run_state is not start else None
     y, forward_state = _gemm.project(x, kernel, recipe, run_state, held,
                                      dtype=self.preferred_element_type or dtype, where=where,
                                      precision=self.precision,
                                      out_sharding=out_sharding)
+    if repeated:
+      forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
+    if in_transform and jax.tree.leaves(forward_state):
+      _repeated_calls.stored(self, None, run_state, forward_state)
     if replaced:
       self.recipe_state = _state_variables(forward_state)
-    elif run_state is stored:
+    elif run_state is start:
       jax.tree.map(lambda var, value: var.set_value(value), self.recipe_state, forward_state,
                    is_leaf=_is_variable)
     if bias is not None:
