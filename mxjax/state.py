@@ -287,11 +287,18 @@ def next_state(state_grads, mutated):
     mutated: the collection `apply(..., mutable=[...])` returned.
 
   Returns:
-    Per GEMM: the gradient, except where the module replaced its state (its recipe kind
-    changed, so the gradient still has the old kind): there the replacement.
+    `mutated`, with each GEMM's state replaced by its gradient where the gradient has one
+    of the same kind: not where the module made or replaced its state in this step (the
+    collection held none, e.g. a stock-initialized model, or its recipe kind changed).
   """
-  return jax.tree.map(lambda g, m: g if g.kind == m.kind else m, state_grads, mutated,
-                      is_leaf=_is_state)
+  flat = jax.tree_util.tree_flatten_with_path(state_grads, is_leaf=_is_state)[0]
+  grads = {path: g for path, g in flat if _is_state(g)}
+
+  def pick(path, m):
+    g = grads.get(path)
+    return g if _is_state(m) and g is not None and g.kind == m.kind else m
+
+  return jax.tree_util.tree_map_with_path(pick, mutated, is_leaf=_is_state)
 
 
 def describe(variables) -> dict[str, str]:

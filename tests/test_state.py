@@ -342,6 +342,31 @@ def test_a_layer_called_on_its_own_output_scales_each_call_from_the_steps_state(
   assert error(out) < 2 * error(want) < 0.2
 
 
+def test_next_state_takes_the_record_where_the_gradient_has_no_state():
+  """A stock-initialized model (no `mx_state`) applied with the collection mutable, as the
+  error of an immutable first apply advises: the gradient of the empty state is {}, and
+  `next_state` takes the state the forward made; the next step's takes the gradient (it
+  raised a pytree-structure error)."""
+  model, x = nn.Dense(8), jax.random.normal(jax.random.key(0), (4, 32))
+  params = model.init(jax.random.key(1), x)["params"]
+
+  def loss(p, s):
+    out, mutated = model.apply({"params": p, "mx_state": s}, x, mutable=["mx_state"])
+    return jnp.sum(out ** 2), mutated["mx_state"]
+
+  step = jax.grad(loss, argnums=1, has_aux=True)
+  with context.autocast(recipe=DelayedScaling(amax_history_len=4)), mxl.intercept():
+    grads, mutated = step(params, {})
+    assert grads == {}
+    state = state_lib.next_state(grads, mutated)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(mutated), strict=True):
+      np.testing.assert_array_equal(a, b)
+    grads, mutated = step(params, state)
+  (advanced,) = _recipe_states(state_lib.next_state(grads, mutated))
+  (want,) = _recipe_states(grads)
+  assert advanced is want and float(advanced.tensors["grad"].amax_history[0]) > 0
+
+
 def test_settle_reads_a_sum_of_uses_as_one():
   """Three next states of one state, summed: the older entries come back exactly; the
   kernel's newest amax is their mean (the same kernel in every use), the input's their sum
