@@ -44,6 +44,30 @@ class MXArray:
   dtype: Any = dataclasses.field(metadata=dict(static=True))
   scale_mode: str = dataclasses.field(default="rceil", metadata=dict(static=True))
 
+  def __post_init__(self):
+    # Also runs when jax rebuilds the tree (jit, vmap, tree.map): a vmap axis placed at or
+    # after the quantized axis (in_axes / out_axes) cannot update the static metadata.
+    shapes = [getattr(a, "shape", None) for a in (self.data, self.scales)]
+    if None in shapes or not all(isinstance(d, int) for shape in shapes for d in shape):
+      return  # stand-ins (None, sentinels, PartitionSpecs) or symbolic shapes
+    fmt = formats.element_format(self.format)
+    data, scales, n = shapes[0], shapes[1], len(shapes[1])
+    fits = len(data) == n and -n <= self.axis_from_end < 0
+    if fits:
+      axis = n + self.axis_from_end
+      fits = (scales[axis] == -(-self.length // self.block_size)
+              and data[axis] == fmt.storage_length(self.length)
+              and data[:axis] + data[axis + 1:] == scales[:axis] + scales[axis + 1:])
+    if not fits:
+      raise ValueError(
+          f"MXArray: data {tuple(data)} and scales {tuple(scales)} do not fit {self.format} "
+          f"quantized along axis {self.axis_from_end} (from the end) of length "
+          f"{self.length} in blocks of {self.block_size}. A jax.vmap whose in_axes / "
+          f"out_axes put the mapped axis at or after the quantized axis does this (the "
+          f"metadata counts that axis from the end, so only leading mapped axes keep it "
+          f"true): map over a leading axis, or dequantize first; a jax.tree.map over the "
+          f"MXArray's arrays must keep their shapes.")
+
   @property
   def axis(self) -> int:
     """The quantized axis, non-negative."""

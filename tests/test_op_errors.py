@@ -64,19 +64,35 @@ def test_dequantize_errors():
     mxjax.dequantize(a, jnp.int32)
   with pytest.raises(TypeError, match=r"not float64"):
     mxjax.dequantize(a, np.float64)
-  bad_scales = dataclasses.replace(a, scales=a.scales[:, :1])
-  with pytest.raises(ValueError, match=r"scales is float8_e8m0fnu\[4, 1\].*e2m1 with block_size "
-                                       r"32 along axis 1 of logical shape \(4, 64\) needs "
-                                       r"float8_e8m0fnu\[4, 2\]"):
-    mxjax.dequantize(bad_scales)
-  bad_data = dataclasses.replace(a, data=a.data[:, :16])
-  with pytest.raises(ValueError, match=r"data is uint8\[4, 16\].*needs uint8\[4, 32\]"):
-    mxjax.dequantize(bad_data)
+  with pytest.raises(ValueError, match=r"MXArray: data \(4, 32\) and scales \(4, 1\) do not "
+                                       r"fit e2m1 quantized along axis -1 \(from the end\) of "
+                                       r"length 64 in blocks of 32"):
+    dataclasses.replace(a, scales=a.scales[:, :1])
+  with pytest.raises(ValueError, match=r"data \(4, 16\) and scales \(4, 2\) do not fit"):
+    dataclasses.replace(a, data=a.data[:, :16])
   wrong_dtype = dataclasses.replace(a, data=a.data.astype(jnp.int8))
   with pytest.raises(ValueError, match=r"data is int8\[4, 32\].*needs uint8\[4, 32\]"):
     mxjax.dequantize(wrong_dtype)
   with pytest.raises(ValueError, match=r"Unknown MX element format 'e9m9'"):
     mxjax.dequantize(dataclasses.replace(a, format="e9m9"))
+
+
+def test_vmap_axes_after_the_quantized_axis_are_named():
+  """An MXArray counts its quantized axis from the end, so only leading vmap axes keep its
+  metadata true. A mapped axis at or after it is a ValueError that says so: as in_axes (was
+  an IndexError) and as out_axes (was an MXArray describing another tensor, which failed
+  only at its dequantize). Leading axes give the per-member results."""
+  ws = jax.random.normal(jax.random.key(0), (3, 64, 16))
+  q = mxjax.quantize(jnp.moveaxis(ws, 0, 2), axis=0)  # [64, 16, 3], the members last
+  with pytest.raises(ValueError, match="mapped axis at or after the quantized axis"):
+    jax.vmap(lambda q: q.dequantize(), in_axes=2)(q)
+  with pytest.raises(ValueError, match="mapped axis at or after the quantized axis"):
+    jax.vmap(lambda w: mxjax.quantize(w, axis=0), out_axes=2)(ws)
+  stacked = jax.vmap(lambda w: mxjax.quantize(w, axis=0), out_axes=0)(ws)
+  assert stacked.shape == (3, 64, 16) and stacked.axis == 1
+  for i in range(3):
+    np.testing.assert_array_equal(stacked.dequantize()[i],
+                                  mxjax.quantize(ws[i], axis=0).dequantize())
 
 
 # ---------------------------------------------------------------------------------------
