@@ -5,12 +5,15 @@ MultiHeadDotProductAttention, Dense, DenseGeneral, Einsum).
 """
 
 import contextlib
+import functools
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from flax.linen import fp8_ops
 from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 from flax.training.train_state import TrainState
 
@@ -381,6 +384,39 @@ def test_gemm_paths_are_the_same_inside_autocast_and_intercept():
     assert mxjax.linen.gemm_paths(Heads(), x) == outside
   with mxjax.quantized_model_init(recipe=MX):
     assert mxjax.linen.gemm_paths(Heads(), x) == outside
+
+
+class _OwnProducts(nn.Module):
+  """Stock Dense layers that `intercept` leaves in high precision (their own product),
+  around one it quantizes."""
+
+  class Matmul(nn.Dense):  # a subclass computing its own product
+    @nn.compact
+    def __call__(self, x):
+      return x @ self.param("kernel", self.kernel_init, (x.shape[-1], self.features))
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(D, dot_general=functools.partial(jax.lax.dot_general,
+                                                  precision="highest"), name="own_dot")(x)
+    x = nn.Dense(D, dot_general_cls=fp8_ops.Fp8DotGeneral, name="flax_fp8")(x)
+    x = self.Matmul(D, name="subclass")(x)
+    return nn.Dense(D, name="plain")(x)
+
+
+def test_gemm_paths_list_only_the_layers_intercept_quantizes():
+  """A Dense with its own `dot_general` or `dot_general_cls` (Flax's FP8), and a subclass
+  computing its own product, stay in high precision under `intercept`, so `gemm_paths`
+  leaves them out (it listed them, and "no_ends" took them for ends)."""
+  x = jax.random.normal(jax.random.key(0), (2, D))
+  model = _OwnProducts()
+  assert mxjax.linen.gemm_paths(model, x) == ["plain"]
+  params = model.init(jax.random.key(1), x)
+  with mxjax.autocast(recipe=MX), mxjax.linen.intercept():
+    hooked = model.apply(params, x, capture_intermediates=True, mutable=["intermediates"])[1]
+  paths = ["/".join(path[:-1]) for path in flax.traverse_util.flatten_dict(
+      hooked["intermediates"]) if "DotGeneral_0" in path]
+  assert [p.replace("/DotGeneral_0", "") for p in paths] == ["plain"]
 
 
 def test_stock_dense_takes_mxjax_dot_general_as_its_dot_general():

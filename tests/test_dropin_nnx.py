@@ -231,6 +231,35 @@ def test_gemm_paths_follow_definition_order_so_no_ends_keeps_the_real_ends():
   assert not jnp.allclose(block, exact(model.blocks[0]), rtol=1e-4, atol=1e-4)  # MXFP8
 
 
+class _SubclassWithItsOwnProduct(nnx.Linear):
+  def __call__(self, x):
+    return x @ self.kernel.get_value()
+
+
+@pytest.mark.parametrize("restore", ["clone", "eval_shape + merge"])
+def test_gemm_paths_with_inputs_keep_the_call_order_after_a_restore(restore):
+  """A restored model (`nnx.clone`, or orbax's route: `nnx.eval_shape` then `nnx.merge`)
+  has its attributes sorted by name, so the definition order is gone and "no_ends" took a
+  middle layer (`attn/key`) for an end; with inputs, `gemm_paths` traces the call (nothing
+  computed, the model unchanged) and lists the products in the order it runs them, only
+  those that run (not a subclass's own product)."""
+  model = _DefinedInCallOrder(nnx.Rngs(0))
+  want = mxjax.nnx.gemm_paths(model)
+  if restore == "clone":
+    restored = nnx.clone(model)
+  else:
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: _DefinedInCallOrder(nnx.Rngs(0))))
+    restored = nnx.merge(graphdef, nnx.state(model))
+  assert mxjax.nnx.gemm_paths(restored) != want  # sorted by name
+  x = jax.random.normal(jax.random.key(1), (BATCH, T, D))
+  before = nnx.state(restored)
+  assert mxjax.nnx.gemm_paths(restored, x) == want
+  assert jax.tree.all(jax.tree.map(lambda a, b: a is b, nnx.state(restored), before))
+  assert restored.stem.dot_general is jax.lax.dot_general
+  own = _SubclassWithItsOwnProduct(D, D, rngs=nnx.Rngs(0))
+  assert mxjax.nnx.gemm_paths(own) == [""] and mxjax.nnx.gemm_paths(own, x) == []
+
+
 def test_rules_choose_the_recipe_of_mxjax_own_linear_too():
   """A rule matching an `mxjax.nnx.Linear` gives it the rule's recipe under an enabled
   autocast (None: high precision), as for stock layers; its own `recipe` still wins."""

@@ -76,18 +76,22 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
       shapes and dtypes are used: nothing is computed).
 
   The list is the same inside an `autocast` / `intercept` / `quantized_model_init` and
-  outside. An `nn.Einsum` subclass is listed where it runs `nn.Einsum.__call__` (its
-  own `__call__` calling `super().__call__`), which is what `intercept` quantizes.
+  outside. It holds what `intercept` quantizes: a stock Dense / DenseGeneral where it
+  runs the product `intercept` gives it (not with a `dot_general` / `dot_general_cls` of
+  its own, nor in a subclass computing its own product), an `nn.Einsum` subclass where
+  it runs `nn.Einsum.__call__` (its own `__call__` calling `super().__call__`).
   """
   paths: list[str] = []
 
   def record(next_fun, args, kwargs, ctx):
     if ctx.method_name == "__call__":
-      if isinstance(ctx.module, (*_DENSE, DenseGeneral)) or (
+      if isinstance(ctx.module, DenseGeneral) or (
           isinstance(ctx.module, nn.Einsum) and _runs_einsum_call(ctx)):
         paths.append(layer_path(ctx.module))
       elif isinstance(ctx.module, hooks.DotGeneral):
         paths.append(ctx.module._owner())
+      elif _takes_a_product(ctx.module):  # listed where its product, the hook, runs
+        return _with_product(ctx.module, hooks.DotGeneral, next_fun, args, kwargs)
     return next_fun(*args, **kwargs)
 
   # Autocast off: an enclosing `intercept` then leaves every layer's own call to run, so
@@ -98,18 +102,29 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
   return list(dict.fromkeys(paths))
 
 
+def _takes_a_product(module: nn.Module) -> bool:
+  """Whether `module` is a stock Dense / DenseGeneral with no product of its own."""
+  return (isinstance(module, _DENSE) and module.dot_general is None
+          and module.dot_general_cls is None)
+
+
+def _with_product(module: nn.Module, dot_general_cls, next_fun, args, kwargs):
+  """`next_fun(*args, **kwargs)` with `module.dot_general_cls` set for the call."""
+  object.__setattr__(module, "dot_general_cls", dot_general_cls)
+  try:
+    return next_fun(*args, **kwargs)
+  finally:
+    object.__setattr__(module, "dot_general_cls", None)
+
+
 def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
   module = ctx.module
   if ctx.method_name != "__call__":
     return next_fun(*args, **kwargs)
-  if isinstance(module, _DENSE) and module.dot_general is None and (
-      module.dot_general_cls is None):
-    object.__setattr__(module, "dot_general_cls",
-                       functools.partial(hooks.DotGeneral, state_collection=state_collection))
-    try:
-      return next_fun(*args, **kwargs)
-    finally:
-      object.__setattr__(module, "dot_general_cls", None)
+  if _takes_a_product(module):
+    return _with_product(
+        module, functools.partial(hooks.DotGeneral, state_collection=state_collection),
+        next_fun, args, kwargs)
   if (isinstance(module, nn.Einsum) and _runs_einsum_call(ctx)
       and context.recipe_for(layer_path(module)) is not None):
     return _einsum_layer(module, state_collection, *args, **kwargs)

@@ -14,9 +14,11 @@ it makes exactly the stock call. A rule's None leaves the layer untouched. mxjax
 `Linear` layers follow the rules too (their static `rule_recipe`), unless built with a
 `recipe` of their own.
 
-`gemm_paths` lists the layers in the order their attributes were assigned (nnx's graph
-sorts them by name), which is the call order of a model that defines its layers in the
-order it calls them; `mxjax.rules.preset("no_ends", ...)` takes its first and last.
+`gemm_paths(model, *inputs)` lists the layers in the order a call runs their products
+(`mxjax.rules.preset("no_ends", ...)` takes its first and last); without inputs, in the
+order their attributes were assigned (nnx's graph sorts them by name), which is the call
+order of a model that defines its layers in the order it calls them, but which a
+restored model (`nnx.merge`, `nnx.clone`) no longer has.
 
 Per-tensor state has no place in an unchanged `nnx.state`: a layer reached by
 DelayedScaling raises an error naming it (`mxjax.nnx.Linear` keeps such state).
@@ -32,6 +34,7 @@ from jax import lax
 
 from mxjax import _gemm, context, rules as rules_lib, state as state_lib
 from mxjax.einsum import einsum_as_dot_general
+from mxjax.nnx import call_order
 from mxjax.nnx.modules import AUTOCAST, Linear
 from mxjax.recipes import Recipe
 
@@ -111,10 +114,26 @@ def _gemm_layers(model):
   return [("/".join(str(p) for p in path), node) for path, node in layers]
 
 
-def gemm_paths(model: nnx.Module) -> list[str]:
+def gemm_paths(model: nnx.Module, *args, **kwargs) -> list[str]:
   """The graph paths of a model's stock Linear, LinearGeneral and Einsum layers and
-  mxjax's own Linear layers, in the order the model assigned them (see above)."""
-  return [path for path, _ in _gemm_layers(model)]
+  mxjax's own Linear layers.
+
+  Args:
+    model: an `nnx.Module`.
+    args, kwargs: inputs of `model(*args, **kwargs)`: the paths of the layers whose
+      product the call runs (what `quantize` makes MX: not a layer whose subclass computes
+      its own product), in the order it runs them; traced once, nothing is computed, the
+      model left as it was. Without inputs: every such layer, in the order the model
+      assigned them, which `nnx.merge` / `nnx.clone` (a checkpoint restore) sort by name.
+  """
+  if not args and not kwargs:
+    return [path for path, _ in _gemm_layers(model)]
+
+  def layers(copy):
+    return [(path, layer, None if isinstance(layer, Linear) else _stock_product(layer)[0])
+            for path, layer in _gemm_layers(copy)]
+
+  return call_order.traced_order(model, layers, lambda copy: copy(*args, **kwargs))
 
 
 def quantize(model: nnx.Module, rules=None) -> nnx.Module:
