@@ -367,6 +367,42 @@ def test_next_state_takes_the_record_where_the_gradient_has_no_state():
   assert advanced is want and float(advanced.tensors["grad"].amax_history[0]) > 0
 
 
+class _Recurrent(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.RNN(nn.LSTMCell(16), variable_broadcast=("params", "mx_state"))(x)
+
+
+def test_a_recurrent_cell_shares_one_state_over_its_time_steps():
+  """A stock `nn.RNN(nn.LSTMCell)` (a scan over 5 time steps) under `intercept`, its state
+  broadcast like its params and advanced by the gradient overwrite: every GEMM's overwrite
+  holds 5 uses, one per time step, and over steps the output stays as close to high
+  precision as current scaling's."""
+  hybrid = dict(fp8_format=Format.HYBRID)
+  model, x = _Recurrent(), jax.random.normal(jax.random.key(0), (2, 5, 8))
+  delayed = DelayedScaling(amax_history_len=4, **hybrid)
+  with context.autocast(recipe=delayed), mxl.intercept():
+    variables = model.init(jax.random.key(1), x)
+  params = {"params": variables["params"]}
+  exact = model.apply(params, x)
+  with context.autocast(recipe=Float8CurrentScaling(**hybrid)), mxl.intercept():
+    current = model.apply(params, x)
+
+  def loss(s):
+    out = model.apply({**params, "mx_state": s}, x)
+    return jnp.sum(out ** 2), out
+
+  step = jax.jit(jax.grad(loss, has_aux=True))
+  state = variables["mx_state"]
+  with context.autocast(recipe=delayed), mxl.intercept():
+    for _ in range(4):
+      state, out = step(state)
+  states = _recipe_states(state)
+  assert len(states) == 8 and all(float(s.tensors["input"].uses) == 5 for s in states)
+  error = lambda y: float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact))  # noqa: E731
+  assert error(out) < 2 * error(current) < 0.2
+
+
 def test_settle_reads_a_sum_of_uses_as_one():
   """Three next states of one state, summed: the older entries come back exactly; the
   kernel's newest amax is their mean (the same kernel in every use), the input's their sum
