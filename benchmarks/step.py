@@ -47,8 +47,8 @@ def step_fns(lm, config: train_lib.TrainConfig, names, seq_len: int):
   state each time (the state's values do not change the work)."""
   fns = {}
   for name in names:
-    runner = train_lib.Runner(lm, config, train_lib.Treatment.for_gemms(sweep_formats.FORMATS[name]),
-                              seq_len)
+    treatment = train_lib.Treatment.for_gemms(sweep_formats.FORMATS[name])
+    runner = train_lib.Runner(lm, config, treatment, seq_len)
 
     def run(params, opt_state, batch, runner=runner):
       with runner.treatment.context():

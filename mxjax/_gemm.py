@@ -191,9 +191,7 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   elif recipe.fp8():
     y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype, out_sharding=out_sharding)
-    # The forward's record is data, not part of the loss: a later use of the layer in the
-    # same loss (NNX reads it back) differentiates the state it read, not this update.
-    next_state = state_lib.forward_record(recipe_state, amaxes, recipe)
+    next_state = state_lib.forward_record(recipe_state, amaxes, recipe)  # data, not loss
   else:  # reachable: layer rules and module fields take any Recipe, a bare one included
     raise ValueError(f"{where}: no GEMM for recipe {recipe}")
   if held_state is not None and jax.tree.leaves(held_state):

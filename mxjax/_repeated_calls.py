@@ -47,7 +47,7 @@ def started_from(forward, layer: Hashable, stored) -> tuple[Any, bool]:
   return stored, False
 
 
-def stored(forward, layer: Hashable, start, record) -> None:
+def note_record(forward, layer: Hashable, start, record) -> None:
   """Notes that the layer's call in `forward` stored `record`, the forward having started
   from `start`."""
   _layers(forward)[layer] = (jax.tree.leaves(record), start)

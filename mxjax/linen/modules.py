@@ -286,7 +286,7 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
         forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
       module.put_variable(collection, _STATE_NAME, forward_state)
       if jax.tree.leaves(forward_state):
-        _repeated_calls.stored(forward, layer, run_state, forward_state)
+        _repeated_calls.note_record(forward, layer, run_state, forward_state)
   return y
 
 

@@ -144,7 +144,7 @@ class Linear(nnx.Module):
     if repeated:
       forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
     if in_transform and jax.tree.leaves(forward_state):
-      _repeated_calls.stored(self, None, run_state, forward_state)
+      _repeated_calls.note_record(self, None, run_state, forward_state)
     if replaced:
       self.recipe_state = _state_variables(forward_state)
     elif run_state is start:

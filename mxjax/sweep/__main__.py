@@ -150,10 +150,12 @@ class _Sweep:
     return train.Runner(self.lm, self.train_config, treatment, self.args.seq_len)
 
   def gemm_treatment(self, f: formats.SweepFormat) -> train.Treatment:
-    return train.Treatment.for_gemms(f, self.args.block_size, self.args.scale_mode, self.rules)
+    a = self.args
+    return train.Treatment.for_gemms(f, a.block_size, a.scale_mode, self.rules)
 
   def weights_treatment(self, f: formats.SweepFormat) -> train.Treatment:
-    return train.Treatment.weights_only(f, self.args.block_size, self.args.scale_mode, self.rules)
+    a = self.args
+    return train.Treatment.weights_only(f, a.block_size, a.scale_mode, self.rules)
 
   def row(self, f: formats.SweepFormat, quantized: str) -> report.Row:
     return report.Row(f.name, quantized, f.bytes_per_param(self.args.block_size), f.given)
