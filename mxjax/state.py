@@ -216,23 +216,25 @@ def batch_amaxes(amaxes: Mapping[str, Any], state: RecipeState) -> dict:
   amax is batched and the state is not (a shared layer under a per-example `vmap`,
   `nnx.vmap(in_axes=(None, 0))`), its max over the mapped axis, the amax one call on the
   whole batch records."""
-  return {role: _unbatched_like(*lax.stop_gradient((amax, state.tensors[role].uses)))
+  return {role: _unbatched_like(*lax.stop_gradient((amax, state.tensors[role])))
           for role, amax in amaxes.items()}
 
 
 @custom_vmap
 def _unbatched_like(amax, like):
-  """`amax`; under `vmap`, max-reduced over the mapped axis where `like` is not mapped."""
+  """`amax`; under each `vmap`, max-reduced over the mapped axis where no array of `like`
+  (a TensorScaling) is mapped."""
   del like
   return amax
 
 
 @_unbatched_like.def_vmap
 def _unbatched_like_vmap(axis_size, in_batched, amax, like):
-  del axis_size, like
+  del axis_size
   amax_batched, like_batched = in_batched
-  if amax_batched and not like_batched:
-    return jnp.max(amax, axis=0), False
+  if amax_batched and not any(jax.tree.leaves(like_batched)):
+    # Called again, so that an enclosing vmap (a nested one) applies this rule too.
+    return _unbatched_like(jnp.max(amax, axis=0), like), False
   return amax, amax_batched
 
 
