@@ -291,16 +291,28 @@ def next_state(state_grads, mutated):
   Returns:
     `mutated`, with each GEMM's state replaced by its gradient where the gradient has one
     of the same kind: not where the module made or replaced its state in this step (the
-    collection held none, e.g. a stock-initialized model, or its recipe kind changed).
+    collection held none, e.g. a stock-initialized model, or its recipe kind changed), nor
+    for a role the step did not use (a layer it skipped: a zero gradient, `uses` 0).
   """
   flat = jax.tree_util.tree_flatten_with_path(state_grads, is_leaf=_is_state)[0]
   grads = {path: g for path, g in flat if _is_state(g)}
 
   def pick(path, m):
     g = grads.get(path)
-    return g if _is_state(m) and g is not None and g.kind == m.kind else m
+    if not (_is_state(m) and g is not None and g.kind == m.kind):
+      return m
+    return RecipeState(tensors={role: _used_or(t, m.tensors[role])
+                                for role, t in g.tensors.items()}, kind=g.kind)
 
   return jax.tree_util.tree_map_with_path(pick, mutated, is_leaf=_is_state)
+
+
+def _used_or(grad: TensorScaling, kept: TensorScaling) -> TensorScaling:
+  """`grad` where it holds a use (per layer of a stacked state), else `kept`."""
+  used = grad.uses > 0
+  return TensorScaling(jnp.where(used[..., None], grad.amax_history, kept.amax_history),
+                       jnp.where(used, grad.scale, kept.scale),
+                       jnp.where(used, grad.uses, kept.uses))
 
 
 def describe(variables) -> dict[str, str]:

@@ -462,6 +462,40 @@ def test_nested_per_example_vmaps_of_a_shared_layer_record_the_whole_batch(mutab
           np.testing.assert_array_equal(got_leaf, jnp.broadcast_to(want_leaf, got_leaf.shape))
 
 
+class _WithHead(nn.Module):
+  @nn.compact
+  def __call__(self, x, head: bool = True):
+    x = mxl.Dense(16, name="body")(x)
+    return mxl.Dense(4, name="head")(x) if head else x
+
+
+def test_next_state_keeps_the_state_of_a_layer_the_step_skipped():
+  """A step that skips a layer (an auxiliary head, layer drop) gives it a zero gradient
+  (`uses` 0): `next_state` keeps its state as the step found it, and advances the rest.
+  Before, it stored the zeros: the history lost and a scale of 0."""
+  recipe = DelayedScaling(amax_history_len=4)
+  model, x = _WithHead(), jax.random.normal(jax.random.key(0), (4, 32))
+
+  def loss(s, head):
+    out, mutated = model.apply({**params, "mx_state": s}, x, head, mutable=["mx_state"])
+    return jnp.sum(out ** 2), mutated["mx_state"]
+
+  with context.autocast(recipe=recipe):
+    variables = model.init(jax.random.key(1), x)
+    params = {"params": variables["params"]}
+    state = variables["mx_state"]
+    for head in (True, True, False):
+      before = state
+      state = state_lib.next_state(*jax.grad(loss, has_aux=True)(state, head))
+  for a, b in zip(jax.tree.leaves(state["head"]), jax.tree.leaves(before["head"]),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  head = state["head"]["recipe_state"].tensors
+  assert float(head["input"].scale) > 0 and float(head["input"].amax_history[1]) > 0
+  body, body_before = (s["body"]["recipe_state"].tensors["input"] for s in (state, before))
+  np.testing.assert_array_equal(body.amax_history[1:], body_before.amax_history[:-1])
+
+
 def test_settle_reads_a_sum_of_uses_as_one():
   """Three next states of one state, summed: the older entries come back exactly; the
   kernel's newest amax is their mean (the same kernel in every use), the input's their sum
