@@ -28,10 +28,13 @@ import jax
 _FORWARDS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
-def _layers(forward) -> dict:
+def _layers(forward, create: bool) -> dict:
+  """`forward`'s layers' notes ({} and nothing kept where it has none and not `create`)."""
   key = id(forward)
   entry = _FORWARDS.get(key)
   if entry is None or entry[0]() is not forward:
+    if not create:
+      return {}
     entry = (weakref.ref(forward, lambda _, key=key: _FORWARDS.pop(key, None)), {})
     _FORWARDS[key] = entry
   return entry[1]
@@ -41,7 +44,7 @@ def started_from(forward, layer: Hashable, stored) -> tuple[Any, bool]:
   """(state to run the call with, whether it is a repeated call): the state the layer's
   first call in `forward` started from where `stored` is the record the layer's previous
   call stored; else `stored`."""
-  entry = _layers(forward).get(layer)
+  entry = _layers(forward, create=False).get(layer)
   if entry is not None and _same_arrays(entry[0], stored):
     return entry[1], True
   return stored, False
@@ -50,7 +53,7 @@ def started_from(forward, layer: Hashable, stored) -> tuple[Any, bool]:
 def note_record(forward, layer: Hashable, start, record) -> None:
   """Notes that the layer's call in `forward` stored `record`, the forward having started
   from `start`."""
-  _layers(forward)[layer] = (jax.tree.leaves(record), start)
+  _layers(forward, create=True)[layer] = (jax.tree.leaves(record), start)
 
 
 def traced(state) -> bool:
