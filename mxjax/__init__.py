@@ -9,6 +9,7 @@ from mxjax.mxarray import MXArray
 from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x
 from mxjax.dot import dot_general, matmul
 from mxjax.einsum import einsum
+from mxjax.ragged import ragged_dot
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
 from mxjax.recipes import MXBlockScaling
@@ -17,6 +18,8 @@ from mxjax.state import describe
 from mxjax.memory import memory_report
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
 from mxjax.backend import backend_info, set_kernels
+from mxjax.interception import quantized
+from mxjax.products import Coverage, Product, coverage
 from mxjax import fp8, linen, nnx, rules, state
 
 __version__ = "0.1.0"

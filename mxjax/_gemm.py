@@ -6,6 +6,7 @@ Framework-free: the linen and nnx modules read the kernel and the recipe state, 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Callable
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import fp8, state as state_lib
+from mxjax import fp8, products, state as state_lib
 from mxjax.dot import dot_general as mx_dot_general
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize_2x
@@ -152,7 +153,7 @@ _attach.defvjp(_attach_fwd, _attach_bwd)
 
 def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
             held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None,
-            out_sharding=None):
+            out_sharding=None, path: str | None = None):
   """`x . kernel` under `recipe`.
 
   Args:
@@ -169,6 +170,7 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
       fix their own).
     out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
       (needed where the contraction is sharded).
+    path: the product's path, for `mxjax.coverage` (None: named by its scope).
 
   Returns:
     (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
@@ -181,8 +183,16 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   if recipe is None:
     if quantized:
       kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(x.dtype)
-    y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype,
-                        out_sharding=out_sharding)
+    scope = contextlib.nullcontext() if path is None else products.marked(
+        "dot_general", x.shape, kernel.shape, products.dot_flops(x.shape, kernel.shape, dims),
+        None, "high precision by its layer's rule or recipe", path)
+    with scope:
+      y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype,
+                          out_sharding=out_sharding)
+  elif path is not None:
+    with products.label(path, "dot_general", recipe):
+      return project(x, kernel, recipe, recipe_state, held_state, dtype=dtype, where=where,
+                     dimension_numbers=dimension_numbers, out_sharding=out_sharding)
   elif recipe.mx():
     y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,

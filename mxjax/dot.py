@@ -42,7 +42,7 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import contraction, formats, sharding
+from mxjax import contraction, formats, products, sharding
 from mxjax._operand_dtype import cpu_operand_dtype
 from mxjax.mxarray import MXArray
 from mxjax.quantize import fake_quantize, quantize_2x
@@ -121,7 +121,10 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
                       _is_array(lhs), _is_array(rhs))
   # Under shard_map, an operand replicated over an axis the other varies over is cast to
   # varying here, outside the custom VJP: the cast's transpose psums its gradient.
-  return _mx_dot(config, *sharding.vary_alike(lhs, rhs))
+  with products.marked("dot_general", lhs_info[0], rhs_info[0],
+                       products.dot_flops(lhs_info[0], rhs_info[0], dimension_numbers),
+                       f"MX {fwd.name}/{bwd.name}, block {block_size}"):
+    return _mx_dot(config, *sharding.vary_alike(lhs, rhs))
 
 
 def matmul(a, b, **kwargs) -> jax.Array:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import formats, state as state_lib
+from mxjax import formats, products, state as state_lib
 from mxjax.quantize import _no_derivative
 from mxjax.recipes import Recipe
 
@@ -83,7 +83,9 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
   tensors = dict(tensors) if recipe.delayed() else None
   config = _Config(dimension_numbers, recipe, out_dtype, jnp.dtype(lhs.dtype),
                    jnp.dtype(rhs.dtype), out_sharding)
-  return _fp8_dot(config, lhs, rhs, tensors)
+  with products.marked("dot_general", lhs.shape, rhs.shape,
+                       products.dot_flops(lhs.shape, rhs.shape, dimension_numbers), str(recipe)):
+    return _fp8_dot(config, lhs, rhs, tensors)
 
 
 def _scale(x, config: _Config, tensors, role: str):

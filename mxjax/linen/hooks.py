@@ -50,7 +50,7 @@ class _Hook(nn.Module):
         self, lhs, rhs, recipe, collection=self.state_collection, dtype=dtype,
         where=f"{type(self).__name__} of '{self._owner()}'",
         dimension_numbers=dimension_numbers, precision=precision, store_stateless=False,
-        out_sharding=out_sharding)
+        out_sharding=out_sharding, path=self._owner())
 
 
 class DotGeneral(_Hook):

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import flax.linen as nn
+from flax.core import lift
 import jax
 import jax.numpy as jnp
 
-from mxjax import context, state as state_lib
+from mxjax import context, interception, state as state_lib
 from mxjax.einsum import parse_subscripts
 from mxjax.linen import hooks
 from mxjax.linen.modules import DenseGeneral, layer_path
@@ -117,8 +119,25 @@ def _with_product(module: nn.Module, dot_general_cls, next_fun, args, kwargs):
     object.__setattr__(module, "dot_general_cls", None)
 
 
+_OUTERMOST = threading.local()
+
+
+@contextlib.contextmanager
+def _inside_the_model():
+  before = getattr(_OUTERMOST, "inside", False)
+  _OUTERMOST.inside = True
+  try:
+    yield
+  finally:
+    _OUTERMOST.inside = before
+
+
 def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
   module = ctx.module
+  if (not getattr(_OUTERMOST, "inside", False) and ctx.method_name != "setup"
+      and context.get_recipe() is not None and module.scope is not None
+      and not module.is_initializing()):
+    return _every_product(module, ctx.method_name, args, kwargs)
   if ctx.method_name != "__call__":
     return next_fun(*args, **kwargs)
   if _takes_a_product(module):
@@ -155,3 +174,32 @@ def _einsum_layer(module: nn.Einsum, state_collection: str, inputs,
   if bias is not None:
     y += jnp.reshape(bias, [1 if n is None else n for n in features])
   return y
+
+
+def _every_product(module: nn.Module, method_name: str, args, kwargs):
+  """The model's outermost method call, with every product it computes run through the
+  interception core (`mxjax.interception`): a Flax lifted transform, so the variables
+  and rngs go in and the mutated collections come out as arrays."""
+  recipe, rules = context.get_recipe(), context.get_layer_rules() or ()
+  root = type(module).__name__ if module.name is None else module.name
+  where = f"the linen model {type(module).__name__}"
+
+  def transform(fn, scopes, *a, **k):
+    def inner(scope_fn, repack_fn, variable_groups, rng_groups, *a, **k):
+      def pure(variable_groups, rng_groups, a, k):
+        scope = scope_fn(variable_groups, rng_groups)
+        return fn(scope, *a, **k), repack_fn(scope)
+
+      with _inside_the_model():
+        return interception.run(pure, (variable_groups, rng_groups, a, k), {}, recipe=recipe,
+                                rules=rules, where=where, strip=root)
+
+    
+
+    return lift.pack(inner, (True,), (True,), (True,), name="mx", enable_kwargs=True)(
+        scopes, *a, **k)
+
+  def method(mdl, *a, **k):
+    return getattr(mdl, method_name)(*a, **k)
+
+  return nn.transforms.lift_direct_transform(transform, (method,), module, *args, **kwargs)

@@ -249,7 +249,8 @@ def layer_path(module: nn.Module) -> str:
 
 def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
                        collection: str, dtype, where: str, dimension_numbers=None,
-                       precision=None, store_stateless: bool = True, out_sharding=None):
+                       precision=None, store_stateless: bool = True, out_sharding=None,
+                       path: str | None = None):
   """`_gemm.project` for a linen module, whose recipe state is the variable
   `recipe_state` in `collection` (read, reconciled with `recipe`, written back when the
   collection is mutable).
@@ -269,7 +270,8 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
   has_state = module.has_variable(collection, _STATE_NAME)
   stored = module.get_variable(collection, _STATE_NAME) if has_state else None
   gemm = dict(dtype=dtype, where=where, dimension_numbers=dimension_numbers,
-              precision=precision, out_sharding=out_sharding)
+              precision=precision, out_sharding=out_sharding,
+              path=layer_path(module) if path is None else path)
   if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
     return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
   can_write = module.is_mutable_collection(collection)

@@ -34,7 +34,7 @@ from jax import lax
 
 from mxjax import _gemm, context, rules as rules_lib, state as state_lib
 from mxjax.einsum import einsum_as_dot_general
-from mxjax.nnx import call_order
+from mxjax.nnx import call_order, every_product
 from mxjax.nnx.modules import AUTOCAST, Linear
 from mxjax.recipes import Recipe
 
@@ -73,7 +73,7 @@ class MXProduct:
       dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
       return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
                            where=f"layer '{self.path}'", dimension_numbers=dims,
-                           out_sharding=out_sharding)[0]
+                           out_sharding=out_sharding, path=self.path)[0]
 
     if self.einsum:
       return einsum_as_dot_general(*args, dot, out_sharding)
@@ -177,4 +177,5 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
     plan.append((layer, attr, MXProduct(path, recipe, einsum=attr == "einsum_op")))
   for layer, attr, value in plan:
     setattr(layer, attr, value)
+  every_product.intercept_calls(model, rules)
   return model

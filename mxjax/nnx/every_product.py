@@ -1,0 +1,103 @@
+"""Every product of an NNX model's call, through the interception core.
+
+`mxjax.nnx.quantize` gives the model a class of its own (a subclass of its class, made
+once per class) whose `__call__` runs the model as a pure function of its state through
+`mxjax.interception.run`, and writes the state back (`nnx.split` / `merge` / `update`, as
+NNX's own transforms do). While that call is traced, each submodule of the traced copy
+runs under a `jax.named_scope` of its attribute path from its parent module, so products
+have paths such as `layers/0/attn/einsum_1`; the model itself is left with its own
+submodule classes and state (checkpoints are unchanged).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+from flax import nnx
+
+from mxjax import context, interception
+
+_INSIDE = threading.local()
+
+
+def intercept_calls(model: nnx.Module, rules) -> None:
+  """Makes `model(...)` run every product through mxjax under `rules` (in place)."""
+  cls = type(model)
+  base = getattr(cls, "_mx_base", cls)
+  object.__setattr__(model, "__class__", _intercepting_class(base))
+  model._mx_rules = tuple(rules)
+
+
+def release(model: nnx.Module) -> None:
+  """Undoes `intercept_calls`."""
+  base = getattr(type(model), "_mx_base", None)
+  if base is not None:
+    object.__setattr__(model, "__class__", base)
+    if hasattr(model, "_mx_rules"):
+      del model._mx_rules
+
+
+@functools.cache
+def _intercepting_class(base: type) -> type:
+  original = base.__call__
+
+  def __call__(self, *args, **kwargs):
+    recipe = context.get_recipe()
+    if recipe is None or getattr(_INSIDE, "on", False):
+      return original(self, *args, **kwargs)
+    graphdef, state = nnx.split(self)
+
+    def pure(state, args, kwargs):
+      copy = nnx.merge(graphdef, state)
+      _name_submodules(copy)
+      _INSIDE.on = True
+      try:
+        out = original(copy, *args, **kwargs)
+      finally:
+        _INSIDE.on = False
+      return out, nnx.state(copy)
+
+    out, new_state = interception.run(
+        pure, (state, args, kwargs), {}, recipe=recipe, rules=self._mx_rules,
+        where=f"the NNX model {base.__name__}")
+    if any(jax.tree.leaves(jax.tree.map(lambda a, b: a is not b, state, new_state))):
+      nnx.update(self, new_state)  # only where the call changed its state (BatchNorm, rngs)
+    return out
+
+  return type(base)(base.__name__, (base,), {
+      "__call__": __call__, "_mx_base": base, "__module__": base.__module__,
+      "__doc__": base.__doc__})
+
+
+@functools.cache
+def _named_class(base: type, name: str) -> type:
+  original = base.__call__
+
+  def __call__(self, *args, **kwargs):
+    with jax.named_scope(name):
+      return original(self, *args, **kwargs)
+
+  return type(base)(base.__name__, (base,), {
+      "__call__": __call__, "_mx_base": base, "__module__": base.__module__,
+      "__doc__": base.__doc__})
+
+
+def _name_submodules(model: nnx.Module) -> None:
+  """Gives each submodule of `model` (a traced copy) a class that names its calls by its
+  attribute path from its parent module (`layers/0`, `attn`)."""
+  modules = {path: node for path, node in nnx.iter_graph(model)
+             if isinstance(node, nnx.Module) and path
+             and _has_call(type(node))}  # not nnx.List / Dict
+  for path, node in modules.items():
+    parent = max((p for p in modules if len(p) < len(path) and path[:len(p)] == p),
+                 key=len, default=())
+    base = getattr(type(node), "_mx_base", type(node))
+    name = "/".join(str(p) for p in path[len(parent):])
+    object.__setattr__(node, "__class__", _named_class(base, name))
+
+
+def _has_call(cls: type) -> bool:
+  """Whether a module class defines `__call__` (nnx.List, nnx.Dict do not)."""
+  return any("__call__" in vars(c) for c in cls.__mro__[:cls.__mro__.index(nnx.Module)])

@@ -1,0 +1,233 @@
+"""What a program quantized: a record per product, and `coverage(fn, *args)`.
+
+Every product mxjax computes (`mxjax.dot_general` / `einsum` / `matmul`, `ragged_dot`,
+the per-tensor FP8 product, and every product interception keeps in high precision) is
+traced under a named scope `mx#N` that points to a `Product` record. The traced program is
+then its own report: `coverage` walks its jaxpr, takes each marked product's record, and
+counts every unmarked `dot_general` / `ragged_dot_general` as a high-precision product
+that nothing intercepted. Nothing is kept aside from the program, so the report is what
+the program computes, under `jit`, `grad`, `scan` or a Flax transform alike.
+
+    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
+      report = mxjax.coverage(mxjax.quantized(loss), params, batch)
+    print(report)            # one row per product: path, shapes, GFLOP, recipe or reason
+    report.mx_share          # MX share of all dot FLOPs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import re
+import threading
+
+import jax
+from jax.extend import core as jex_core
+
+#: Why a product is in high precision when nothing intercepted it.
+NOT_INTERCEPTED = ("not intercepted: no mxjax.quantized / linen.intercept / nnx.quantize "
+                   "around it under an enabled autocast")
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+  """One product of a traced program.
+
+  Attributes:
+    path: its path, `module path / op name` (e.g. `layer_0/attn/einsum_1`); a stock or
+      mxjax layer's product is named by its layer path; "" where nothing named it.
+    op: "dot_general", "einsum", "matmul", "dot", "tensordot" or "ragged_dot".
+    lhs_shape, rhs_shape: operand shapes.
+    flops: 2 * (product of the output's and the contraction's sizes), per call.
+    recipe: what it runs: a recipe's description (e.g. "MXFP8BlockScaling(...)"), an MX
+      format ("MX e4m3/e5m2, block 32"), or None in high precision.
+    reason: why it is in high precision (None when it is not).
+    calls: how often the traced program runs it (a scan's length; 1 elsewhere).
+  """
+
+  path: str
+  op: str
+  lhs_shape: tuple[int, ...]
+  rhs_shape: tuple[int, ...]
+  flops: int
+  recipe: str | None
+  reason: str | None = None
+  calls: int = 1
+
+  @property
+  def mx(self) -> bool:
+    return self.recipe is not None
+
+
+def dot_flops(lhs_shape, rhs_shape, dimension_numbers) -> int:
+  """2 x batch x lhs free x rhs free x contraction sizes of a `dot_general`."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  free_l = [d for i, d in enumerate(lhs_shape) if i not in (*lc, *lb)]
+  free_r = [d for i, d in enumerate(rhs_shape) if i not in (*rc, *rb)]
+  return 2 * math.prod(lhs_shape[i] for i in (*lc, *lb)) * math.prod(free_l) * math.prod(free_r)
+
+
+# ---------------------------------------------------------------------------------------
+# Records: a product's scope `mx#N` names record N.
+
+_RECORDS: dict[int, Product] = {}
+_MAX_RECORDS = 1 << 16
+_IDS = itertools.count()
+_LOCAL = threading.local()
+_MARK = re.compile(r"mx#(\d+)")
+
+
+def _labels() -> list:
+  if not hasattr(_LOCAL, "labels"):
+    _LOCAL.labels = []
+  return _LOCAL.labels
+
+
+def describe(recipe) -> str:
+  """A recipe in a few words: `MXFP8BlockScaling(e4m3/e5m2, block 32)`."""
+  formats_ = "/".join(f for f in (getattr(recipe, "fwd_format", None),
+                                  getattr(recipe, "bwd_format", None)) if f)
+  block = f", block {recipe.block_size}" if getattr(recipe, "block_size", None) else ""
+  return f"{type(recipe).__name__}({formats_}{block})"
+
+
+@contextlib.contextmanager
+def label(path: str, op: str, recipe):
+  """The mxjax product made inside is recorded as `path` / `op` running `recipe` (what
+  interception and the layers know and `mxjax.dot_general` does not)."""
+  _labels().append((path, op, None if recipe is None else describe(recipe)))
+  try:
+    yield
+  finally:
+    _labels().pop()
+
+
+@contextlib.contextmanager
+def marked(op: str, lhs_shape, rhs_shape, flops: int, recipe: str | None,
+           reason: str | None = None, path: str | None = None):
+  """A named scope `mx#N` for one product; the innermost `label` names it."""
+  if _labels():
+    path, op, labelled = _labels()[-1]
+    recipe = labelled if recipe is not None and labelled is not None else recipe
+  number = next(_IDS)
+  if len(_RECORDS) >= _MAX_RECORDS:
+    _RECORDS.pop(next(iter(_RECORDS)))
+  _RECORDS[number] = Product(path or "", op, tuple(lhs_shape), tuple(rhs_shape), int(flops),
+                             recipe, reason)
+  with jax.named_scope(f"mx#{number}"):
+    yield
+
+
+def record_of(name_stack: str) -> tuple[int, Product] | None:
+  """(number, record) of the innermost product scope in a name stack, or None."""
+  numbers = _MARK.findall(name_stack)
+  if not numbers or int(numbers[-1]) not in _RECORDS:
+    return None
+  return int(numbers[-1]), _RECORDS[int(numbers[-1])]
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+  """Every product of a traced program, in trace order (see `coverage`)."""
+
+  products: tuple[Product, ...]
+
+  @property
+  def total_flops(self) -> int:
+    return sum(p.flops * p.calls for p in self.products)
+
+  @property
+  def mx_flops(self) -> int:
+    return sum(p.flops * p.calls for p in self.products if p.mx)
+
+  @property
+  def mx_share(self) -> float:
+    """MX FLOPs / all dot FLOPs (0.0 for a program without products)."""
+    return self.mx_flops / self.total_flops if self.total_flops else 0.0
+
+  def table(self) -> str:
+    """A plain-text table: path, op, shapes, MFLOP, recipe or 'high precision: reason'."""
+    rows = [("path", "op", "lhs x rhs", "MFLOP", "runs")]
+    for p in self.products:
+      shapes = f"{list(p.lhs_shape)} x {list(p.rhs_shape)}"
+      what = p.recipe if p.mx else f"high precision: {p.reason}"
+      rows.append((p.path or "?", p.op, shapes, f"{p.flops * p.calls / 1e6:.3g}", what))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    lines.append(f"MX share of dot FLOPs: {100 * self.mx_share:.1f}% "
+                 f"({len([p for p in self.products if p.mx])} of {len(self.products)} products)")
+    return "\n".join(lines)
+
+  __str__ = table
+
+
+def coverage(fn, *args, **kwargs) -> Coverage:
+  """Every product `fn(*args, **kwargs)` computes, under the current context.
+
+  Traces `fn` once (nothing runs) and reports each `dot_general`, `einsum`, `@`,
+  `ragged_dot` ... of the traced program: its path, shapes, FLOPs and recipe, or "high
+  precision" with the reason (a rule, an integer operand, a contraction shorter than one
+  block, nothing intercepted it, ...). Call it as you call the function, inside the same
+  `autocast` / `intercept`:
+
+      with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()), mxjax.linen.intercept():
+        print(mxjax.coverage(model.apply, variables, tokens))
+
+  Args:
+    fn: any function of arrays (jitted or not).
+    args, kwargs: its arguments (arrays or `jax.ShapeDtypeStruct`s).
+
+  Returns:
+    A `Coverage`: `.products` (`Product` rows in trace order), `.mx_share`, `.table()`.
+  """
+  closed = jax.make_jaxpr(fn)(*args, **kwargs)
+  products: list[Product] = []
+  _walk(closed.jaxpr, "", 1, None, products, set())
+  return Coverage(tuple(products))
+
+
+def name_stack_of(eqn) -> str:
+  """An equation's name stack as "a/b/c" ("" where this jax keeps none)."""
+  return str(getattr(getattr(eqn, "source_info", None), "name_stack", "") or "")
+
+
+def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: set) -> None:
+  for eqn in jaxpr.eqns:
+    names = "/".join(s for s in (stack, name_stack_of(eqn)) if s)
+    numbers = _MARK.findall(names)
+    if numbers:
+      number = int(numbers[-1])
+      if number not in seen and number in _RECORDS:
+        seen.add(number)
+        out.append(dataclasses.replace(_RECORDS[number], calls=calls))
+      if number in _RECORDS:
+        continue
+    name = eqn.primitive.name
+    if name in ("dot_general", "ragged_dot_general"):
+      lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+      if name == "dot_general":
+        flops = dot_flops(lhs, rhs, eqn.params["dimension_numbers"])
+      else:  # [M, K] x [G, K, N]: each row meets one group
+        flops = 2 * math.prod(lhs) * rhs[-1]
+      out.append(Product(_plain_path(names), "dot_general" if name == "dot_general"
+                         else "ragged_dot", tuple(lhs), tuple(rhs), flops, None,
+                         inside or NOT_INTERCEPTED, calls))
+      continue
+    times = calls * (eqn.params["length"] if name == "scan" else 1)
+    why = inside
+    if name.startswith("custom_"):
+      why = f"inside a {name.removesuffix('_call')} function (its own derivative rule)"
+    for sub in jex_core.jaxprs_in_params(eqn.params):
+      _walk(sub, names, times, why, out, seen)
+
+
+def _plain_path(names: str) -> str:
+  """A name stack without transform wrappers (`jvp(...)`) and einsum equation scopes."""
+  names = re.sub(r"\w+\(", "", names).replace(")", "")
+  return "/".join(p for p in names.split("/") if p and "->" not in p and not _MARK.match(p))
