@@ -16,6 +16,7 @@ operands, so each element is its own (zero-padded) block.
 
 from __future__ import annotations
 
+import math
 import string
 from typing import Callable
 
@@ -175,3 +176,10 @@ def _broadcast_shared(a, a_ix, b, b_ix, shared, sizes):
     return x if shape == tuple(have) else jnp.broadcast_to(x, shape)
 
   return grow(a, a_ix), grow(b, b_ix)
+
+
+def einsum_flops(subscripts: str, a_shape, b_shape) -> int:
+  """2 x the product of every index's size: the FLOPs of a two-operand einsum."""
+  a_ix, b_ix, _ = parse_subscripts(subscripts, len(a_shape), len(b_shape))
+  sizes = _index_sizes(subscripts, (a_ix, b_ix), (a_shape, b_shape))
+  return 2 * math.prod(sizes.values())

@@ -10,8 +10,10 @@ with the same parameters; a `custom_vjp` / `custom_jvp` function (whose derivati
 its author's) and mxjax's own products run as they are.
 
 A product's path is its module path (the name stack: Flax's module names, `jax.named_scope`)
-plus an op name counted per module in trace order: `layer_0/attn/einsum_1`,
-`mlp/dot_general_0`, `matmul_0`. The first rule whose pattern `re.search`-es it decides
+plus an op name counted per module in trace order: `einsum_N` for `jnp.einsum`,
+`dot_general_N` for everything else that traces to a `dot_general` (`@`, `jnp.dot`,
+`jnp.matmul`, `jnp.tensordot`, `lax.dot_general`), `ragged_dot_N`:
+`layer_0/attn/einsum_1`, `mlp/dot_general_0`. The first rule whose pattern `re.search`-es it decides
 (`mxjax.rules`); no rule: the autocast recipe. A product stays in high precision, and
 `mxjax.coverage` says why, for: a rule's None, an operand that is not bf16 / f16 / f32, a
 contraction shorter than one block, a recipe that keeps per-layer state (DelayedScaling:
@@ -36,12 +38,6 @@ from jax.extend import source_info_util
 
 from mxjax import _gemm, context, formats, products, rules as rules_lib, state as state_lib
 from mxjax.mxarray import MXArray
-
-#: jax.numpy functions whose products are named after them (found in the traceback).
-_OPS = {"einsum": "einsum", "_einsum": "einsum", "matmul": "matmul",
-        "_operator_matmul": "matmul", "_operator_rmatmul": "matmul", "dot": "dot",
-        "tensordot": "tensordot", "vdot": "dot", "inner": "dot", "ragged_dot": "ragged_dot"}
-
 
 def quantized(fn, rules=None, *, name: str | None = None):
   """`fn` with every product it computes run through mxjax (a function transformation).
@@ -77,13 +73,21 @@ def quantized(fn, rules=None, *, name: str | None = None):
   return wrapper
 
 
-def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = ""):
+def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = "",
+        weight_args: int = 1, dequantize=None):
   """`fn(*args, **kwargs)` with its products intercepted (see `quantized`).
 
   Args:
     strip: a leading name-stack part that is not a module path (a linen root's name).
+    dequantize: `(args, kwargs) -> (args, kwargs)` with the MXArrays the function's code
+      reads as arrays dequantized (default: every MXArray leaf).
+
+  The leaves of the first `weight_args` arguments are the weights (and what makes them:
+  a linen init's rngs): a product of two values computed from other inputs (attention's
+  QK^T and PV) is a product between activations.
   """
   leaves, tree = jax.tree.flatten((args, kwargs))
+  n_weights = len(jax.tree.leaves(args[:weight_args]))
   dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
   out_tree = []
 
@@ -91,7 +95,7 @@ def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = ""):
     full = list(leaves)
     for i, value in zip(dynamic, values):
       full[i] = value
-    a, k = _dequantized(jax.tree.unflatten(tree, full))
+    a, k = (dequantize or dequantized)(jax.tree.unflatten(tree, full))
     out, treedef = jax.tree.flatten(fn(*a, **k))
     out_tree.append(treedef)
     return out
@@ -99,7 +103,7 @@ def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = ""):
   values = [leaves[i] for i in dynamic]
   closed = jax.make_jaxpr(flat_fn)(*values)
   walk = _Walk(recipe, rules, strip)
-  outs = walk.eval(closed.jaxpr, closed.consts, values, "")
+  outs = walk.eval(closed.jaxpr, closed.consts, values, "", [i < n_weights for i in dynamic])
   walk.report(where)
   return jax.tree.unflatten(out_tree[0], outs)
 
@@ -109,7 +113,7 @@ def _is_array(x) -> bool:
       hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type))
 
 
-def _dequantized(tree):
+def dequantized(tree):
   """The tree with each MXArray (or MXArray pair) leaf as its high-precision value."""
   is_mx = lambda x: isinstance(x, MXArray) or (  # noqa: E731
       isinstance(x, tuple) and len(x) == 2 and all(isinstance(a, MXArray) for a in x))
@@ -136,29 +140,32 @@ class _Walk:
 
   # -- evaluation ---------------------------------------------------------------------
 
-  def eval(self, jaxpr, consts, args, stack: str) -> list:
-    env = {}
+  def eval(self, jaxpr, consts, args, stack: str, weights) -> list:
+    """Evaluates `jaxpr` on `args`; `weights[i]`: whether args[i] is computed from the
+    weights alone (constants are)."""
+    env, env_w = {}, {}
 
     def read(v):
       return v.val if isinstance(v, jex_core.Literal) else env[v]
 
     for v, x in zip(jaxpr.constvars, consts):
-      env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-      env[v] = x
+      env[v], env_w[v] = x, True
+    for v, x, w in zip(jaxpr.invars, args, weights):
+      env[v], env_w[v] = x, w
     for eqn in jaxpr.eqns:
       names = "/".join(s for s in (stack, products.name_stack_of(eqn)) if s)
       invals = [read(v) for v in eqn.invars]
+      in_w = [isinstance(v, jex_core.Literal) or env_w[v] for v in eqn.invars]
       name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
       with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
-        outs = self._eqn(eqn, invals, names)
+        outs = self._eqn(eqn, invals, in_w, names)
       if not eqn.primitive.multiple_results:
         outs = [outs]
       for v, x in zip(eqn.outvars, outs):
-        env[v] = x
+        env[v], env_w[v] = x, all(in_w)
     return [read(v) for v in jaxpr.outvars]
 
-  def _eqn(self, eqn, invals, names: str):
+  def _eqn(self, eqn, invals, in_w, names: str):
     name = eqn.primitive.name
     record = products.record_of(names)
     if record is not None:  # mxjax's own product (a layer, a hook): as it is
@@ -168,28 +175,32 @@ class _Walk:
         self.paths.append(product.path)
         self.made += product.mx
       return self._bind(eqn, invals)
+    activations = not any(in_w[:2])
     if name == "dot_general":
-      return self._dot(eqn, invals, names)
+      return self._dot(eqn, invals, names, activations)
     if name == "ragged_dot_general":
-      return self._ragged(eqn, invals, names)
+      return self._ragged(eqn, invals, names, activations)
     params = eqn.params
     sub = functools.partial(self._sub, names=names)
     if name in ("jit", "pjit", "closed_call", "core_call"):
       inner = params.get("jaxpr", params.get("call_jaxpr"))
-      return self._closed(inner, invals, names)
+      return sub(inner, in_w)(*invals)
     if name == "scan":
-      return self._scan(eqn, invals, sub)
+      return self._scan(eqn, invals, sub(params["jaxpr"], in_w))
     if name == "while":
-      return self._while(eqn, invals, sub)
+      n = params["cond_nconsts"]
+      body = sub(params["body_jaxpr"], in_w[n:])
+      cond = sub(params["cond_jaxpr"], in_w[:n] + in_w[n + params["body_nconsts"]:])
+      return self._while(eqn, invals, cond, body)
     if name == "cond":
       index, *ops = invals
-      return lax.switch(index, [sub(b) for b in params["branches"]], *ops)
+      return lax.switch(index, [sub(b, in_w[1:]) for b in params["branches"]], *ops)
     if name in ("checkpoint", "remat", "remat2"):
-      fn = jax.checkpoint(sub(params["jaxpr"]), prevent_cse=params["prevent_cse"],
+      fn = jax.checkpoint(sub(params["jaxpr"], in_w), prevent_cse=params["prevent_cse"],
                           policy=params["policy"])
       return fn(*invals)
     if name == "shard_map":
-      return self._shard_map(eqn, invals, sub)
+      return self._shard_map(eqn, invals, sub(params["jaxpr"], in_w))
     return self._bind(eqn, invals)
 
   @staticmethod
@@ -201,22 +212,17 @@ class _Walk:
     with manager:
       return eqn.primitive.bind(*subfuns, *invals, **params)
 
-  def _sub(self, jaxpr, names: str):
+  def _sub(self, jaxpr, weights, names: str):
     """A sub-jaxpr (closed or open) as a function of its inputs, interpreted."""
     closed = jaxpr if hasattr(jaxpr, "consts") else None
     open_jaxpr, consts = (closed.jaxpr, closed.consts) if closed else (jaxpr, ())
-    return lambda *xs: _tuple(self.eval(open_jaxpr, consts, xs, names))
+    return lambda *xs: list(self.eval(open_jaxpr, consts, xs, names, weights))
 
-  def _closed(self, inner, invals, names):
-    open_jaxpr, consts = (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, ())
-    return self.eval(open_jaxpr, consts, invals, names)
-
-  def _scan(self, eqn, invals, sub):
+  def _scan(self, eqn, invals, body):
     p = eqn.params
     consts, init, xs = (invals[:p["num_consts"]],
                         invals[p["num_consts"]:p["num_consts"] + p["num_carry"]],
                         invals[p["num_consts"] + p["num_carry"]:])
-    body = sub(p["jaxpr"])
 
     def step(carry, x):
       outs = body(*consts, *carry, *x)
@@ -226,18 +232,19 @@ class _Walk:
                          unroll=p["unroll"])
     return [*carry, *ys]
 
-  def _while(self, eqn, invals, sub):
+  @staticmethod
+  def _while(eqn, invals, cond, body):
     p = eqn.params
     cond_consts = invals[:p["cond_nconsts"]]
     body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
     init = invals[p["cond_nconsts"] + p["body_nconsts"]:]
-    cond, body = sub(p["cond_jaxpr"]), sub(p["body_jaxpr"])
     return list(lax.while_loop(lambda c: cond(*cond_consts, *c)[0],
-                               lambda c: list(body(*body_consts, *c)), list(init)))
+                               lambda c: body(*body_consts, *c), list(init)))
 
-  def _shard_map(self, eqn, invals, sub):
+  @staticmethod
+  def _shard_map(eqn, invals, body):
     p = eqn.params
-    fn = jax.shard_map(lambda *xs: list(sub(p["jaxpr"])(*xs)), mesh=p["mesh"],
+    fn = jax.shard_map(body, mesh=p["mesh"],
                        in_specs=tuple(p["in_specs"]), out_specs=list(p["out_specs"]),
                        axis_names=set(p["newly_manual_axes"]), check_vma=p["check_vma"])
     return fn(*invals)
@@ -251,8 +258,8 @@ class _Walk:
                                     or parts[0].startswith(self.strip + ".")):
       parts = parts[1:]  # the root's own scopes (a linen root: `Model`, `Model.method`)
     module = "/".join(p for p in parts if p)
-    if op is None:
-      op = "einsum" if any("->" in p for p in names.split("/")) else _op_kind(eqn)
+    if op is None:  # jnp.einsum traces under a scope named by its equation
+      op = "einsum" if any("->" in p for p in names.split("/")) else "dot_general"
     number = self.counts[(module, op)]
     self.counts[(module, op)] += 1
     return (f"{module}/{op}_{number}" if module else f"{op}_{number}"), op
@@ -262,7 +269,7 @@ class _Walk:
     dtypes = {jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype), jnp.dtype(out_dtype)}
     if not dtypes <= set(formats.HIGH_PRECISION_DTYPES):
       return None, f"operand dtype {'/'.join(sorted(d.name for d in dtypes))}"
-    rule = rules_lib.match(self.rules, path)
+    rule = rules_lib.match(self.rules, *_with_modules(path))
     recipe = self.recipe if rule is None else rule[1]
     if recipe is None:
       return None, f"rule {rule[0]!r}"
@@ -273,7 +280,7 @@ class _Walk:
       return None, f"contraction {contraction} shorter than one block ({recipe.block_size})"
     return recipe, None
 
-  def _dot(self, eqn, invals, names):
+  def _dot(self, eqn, invals, names, activations: bool):
     lhs, rhs = invals
     dims = eqn.params["dimension_numbers"]
     out_dtype = eqn.outvars[0].aval.dtype
@@ -283,14 +290,15 @@ class _Walk:
     self._note(path, recipe, reason)
     if recipe is None:
       flops = products.dot_flops(jnp.shape(lhs), jnp.shape(rhs), dims)
-      with products.marked(op, jnp.shape(lhs), jnp.shape(rhs), flops, None, reason, path):
+      with products.marked(op, jnp.shape(lhs), jnp.shape(rhs), flops, None, reason, path,
+                           activations):
         return self._bind(eqn, invals)
-    with products.label(path, op, recipe):
+    with products.label(path, op, recipe, activations):
       return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
                            out_sharding=eqn.params.get("out_sharding"))[0]
 
-  def _ragged(self, eqn, invals, names):
+  def _ragged(self, eqn, invals, names, activations: bool):
     from mxjax import ragged  # noqa: PLC0415  (ragged imports dot, as this file does)
     lhs, rhs, group_sizes = invals[:3]
     path, op = self._name(eqn, names, "ragged_dot")
@@ -304,9 +312,10 @@ class _Walk:
     self._note(path, recipe, reason)
     flops = 2 * math.prod(jnp.shape(lhs)) * jnp.shape(rhs)[-1]
     if recipe is None:
-      with products.marked(op, jnp.shape(lhs), jnp.shape(rhs), flops, None, reason, path):
+      with products.marked(op, jnp.shape(lhs), jnp.shape(rhs), flops, None, reason, path,
+                           activations):
         return self._bind(eqn, invals)
-    with products.label(path, op, recipe):
+    with products.label(path, op, recipe, activations):
       return ragged.ragged_dot(lhs, rhs, group_sizes, fwd_format=recipe.fwd_format,
                                bwd_format=recipe.bwd_format, block_size=recipe.block_size,
                                scale_mode=recipe.scale_mode,
@@ -328,24 +337,17 @@ class _Walk:
              else "; ".join(f"{n} kept in high precision: {r}" for r, n in self.kept.items()))
       warnings.warn(f"mxjax: {where} ran under autocast({self.recipe}) but quantized no "
                     f"product: {why}. Check mxjax.coverage(...).", UserWarning, stacklevel=3)
+    named = [name for path in self.paths for name in _with_modules(path)]
     for pattern, _ in self.rules:
-      if not any(re.search(pattern, p) for p in self.paths):
+      if pattern in rules_lib.PRESET_PATTERNS:
+        continue
+      if not any(re.search(pattern, name) for name in named):
         some = ", ".join(repr(p) for p in self.paths[:6]) or "none"
         warnings.warn(f"mxjax: in {where}, the rule {pattern!r} matches no product path; "
                       f"the paths are e.g. {some}", UserWarning, stacklevel=3)
 
 
-def _tuple(xs):
-  return tuple(xs)
-
-
-def _op_kind(eqn) -> str:
-  """The jax.numpy function that made a `dot_general` ("matmul" for `@`), from its
-  traceback; "dot_general" where none did (or this jax keeps no traceback)."""
-  traceback = getattr(eqn.source_info, "traceback", None)
-  for frame in getattr(traceback, "frames", ()):
-    if "jax" in frame.file_name and "numpy" in frame.file_name:
-      kind = _OPS.get(frame.function_name.rsplit(".", 1)[-1])
-      if kind is not None:
-        return kind
-  return "dot_general"
+def _with_modules(path: str) -> list[str]:
+  """A product's path and its enclosing module paths, longest first (what rules match)."""
+  parts = path.split("/")
+  return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]

@@ -25,6 +25,7 @@ import threading
 
 import jax
 from jax.extend import core as jex_core
+from jax.extend import source_info_util
 
 #: Why a product is in high precision when nothing intercepted it.
 NOT_INTERCEPTED = ("not intercepted: no mxjax.quantized / linen.intercept / nnx.quantize "
@@ -38,13 +39,16 @@ class Product:
   Attributes:
     path: its path, `module path / op name` (e.g. `layer_0/attn/einsum_1`); a stock or
       mxjax layer's product is named by its layer path; "" where nothing named it.
-    op: "dot_general", "einsum", "matmul", "dot", "tensordot" or "ragged_dot".
+    op: "einsum" (`jnp.einsum`), "dot_general" (`@`, `jnp.dot`, `jnp.matmul`,
+      `jnp.tensordot`, `lax.dot_general`) or "ragged_dot".
     lhs_shape, rhs_shape: operand shapes.
     flops: 2 * (product of the output's and the contraction's sizes), per call.
     recipe: what it runs: a recipe's description (e.g. "MXFP8BlockScaling(...)"), an MX
       format ("MX e4m3/e5m2, block 32"), or None in high precision.
     reason: why it is in high precision (None when it is not).
     calls: how often the traced program runs it (a scan's length; 1 elsewhere).
+    activations: whether neither operand comes from the weights alone (attention's QK^T
+      and PV); known where interception made or met the product.
   """
 
   path: str
@@ -55,6 +59,7 @@ class Product:
   recipe: str | None
   reason: str | None = None
   calls: int = 1
+  activations: bool = False
 
   @property
   def mx(self) -> bool:
@@ -94,10 +99,10 @@ def describe(recipe) -> str:
 
 
 @contextlib.contextmanager
-def label(path: str, op: str, recipe):
+def label(path: str, op: str, recipe, activations: bool = False):
   """The mxjax product made inside is recorded as `path` / `op` running `recipe` (what
   interception and the layers know and `mxjax.dot_general` does not)."""
-  _labels().append((path, op, None if recipe is None else describe(recipe)))
+  _labels().append((path, op, None if recipe is None else describe(recipe), activations))
   try:
     yield
   finally:
@@ -106,16 +111,18 @@ def label(path: str, op: str, recipe):
 
 @contextlib.contextmanager
 def marked(op: str, lhs_shape, rhs_shape, flops: int, recipe: str | None,
-           reason: str | None = None, path: str | None = None):
+           reason: str | None = None, path: str | None = None, activations: bool = False):
   """A named scope `mx#N` for one product; the innermost `label` names it."""
   if _labels():
-    path, op, labelled = _labels()[-1]
+    path, op, labelled, activations = _labels()[-1]
     recipe = labelled if recipe is not None and labelled is not None else recipe
+  if path is None:  # e.g. an mxjax.nnx.Linear: its module path, where its scope names it
+    path = _plain_path(str(source_info_util.current_name_stack()))
   number = next(_IDS)
   if len(_RECORDS) >= _MAX_RECORDS:
     _RECORDS.pop(next(iter(_RECORDS)))
   _RECORDS[number] = Product(path or "", op, tuple(lhs_shape), tuple(rhs_shape), int(flops),
-                             recipe, reason)
+                             recipe, reason, activations=activations)
   with jax.named_scope(f"mx#{number}"):
     yield
 
@@ -126,6 +133,32 @@ def record_of(name_stack: str) -> tuple[int, Product] | None:
   if not numbers or int(numbers[-1]) not in _RECORDS:
     return None
   return int(numbers[-1]), _RECORDS[int(numbers[-1])]
+
+
+class ProductPath(str):
+  """A product's path, as `gemm_paths` lists it: a `str` (what rules match) that also
+  carries its `Product` record (`.product`: op, shapes, FLOPs, `activations`)."""
+
+  product: Product
+
+  def __new__(cls, product: Product):
+    path = super().__new__(cls, product.path)
+    path.product = product
+    return path
+
+  @property
+  def activations(self) -> bool:
+    return self.product.activations
+
+
+def paths_to_quantize(report: "Coverage") -> list[ProductPath]:
+  """The MX products of a report as `ProductPath`s, in trace order, each path once."""
+  seen, paths = set(), []
+  for p in report.products:
+    if p.mx and p.path not in seen:
+      seen.add(p.path)
+      paths.append(ProductPath(p))
+  return paths
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,7 +186,7 @@ class Coverage:
 
   def table(self) -> str:
     """A plain-text table: path, op, shapes, MFLOP, recipe or 'high precision: reason'."""
-    rows = [("path", "op", "lhs x rhs", "MFLOP", "runs")]
+    rows = [("path", "op", "lhs x rhs", "MFLOP", "recipe")]
     for p in self.products:
       shapes = f"{list(p.lhs_shape)} x {list(p.rhs_shape)}"
       what = p.recipe if p.mx else f"high precision: {p.reason}"

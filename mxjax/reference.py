@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from mxjax import formats
@@ -317,3 +318,26 @@ def dequantize(data, scales, format="e4m3", *, axis: int = -1, block_size: int =
     raise ValueError(f"{scales.shape[axis]} scales along axis {axis} do not fit n={n}, "
                      f"block_size={block_size}")
   return _decode(data, scales, fmt.name, axis, int(block_size), n, jnp.dtype(dtype))
+
+
+def group_quantized(x, format, group_sizes, *, block_size: int = 32,
+                    scale_mode="rceil") -> jax.Array:
+  """x [M, C] quantized along M group by group and dequantized to f32: the operands of a
+  grouped GEMM's weight gradient (`mxjax.ragged_dot`).
+
+  Group g holds rows [sum(group_sizes[:g]), sum(group_sizes[:g+1])); rows past the last
+  group form one more group. Each group is quantized on its own, along M, as a tensor of
+  its own length: its blocks start at its first row and its last block ends at its
+  boundary, zero-padded; an empty group has no blocks. `group_sizes` must be concrete.
+  """
+  sizes = [int(n) for n in np.asarray(group_sizes)]
+  sizes.append(x.shape[0] - sum(sizes))
+  parts, start = [], 0
+  for n in sizes:
+    if n:
+      data, scales = quantize(x[start:start + n], format, axis=0, block_size=block_size,
+                              scale_mode=scale_mode)
+      parts.append(dequantize(data, scales, format, axis=0, block_size=block_size,
+                              shape=(n, x.shape[1])))
+    start += n
+  return jnp.concatenate(parts, axis=0) if parts else jnp.zeros(x.shape, jnp.float32)

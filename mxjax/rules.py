@@ -18,6 +18,14 @@ Presets, `preset(name, gemm_paths)`:
   `mxjax.linen.gemm_paths`); the autocast recipe everywhere else.
 - "mlp_only": only GEMMs with a path part containing `mlp`, `ffn` or `feed_forward` /
   `feedforward` run the autocast recipe; everything else stays in high precision.
+- "no_attention": high precision for the products between two activations (attention's
+  QK^T and PV), as TransformerEngine keeps them; needs `gemm_paths` from
+  `mxjax.linen.gemm_paths` / `mxjax.nnx.gemm_paths(model, *inputs)`, which know which
+  products those are.
+
+A product's path is its module path plus an op name counted per module in call order
+(`layer_0/attn/einsum_1`, `mlp/dot_general_0`); a stock or mxjax layer's one
+product is named by its layer path (`mlp/Dense_0`).
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ _MLP_PART = r"(^|/)[^/]*(mlp|ffn|feed_?forward)[^/]*(/|$)"
 #: A path with no MLP part (what "mlp_only" keeps in high precision).
 NOT_MLP = rf"(?i)^(?!.*{_MLP_PART})"
 
-PRESETS = ("all", "no_ends", "mlp_only")
+PRESETS = ("all", "no_ends", "mlp_only", "no_attention")
+#: The presets' own patterns: a model may have no path they match, and that is no mistake.
+PRESET_PATTERNS = (EMBED, LM_HEAD, NOT_MLP)
 
 
 def check(rules, where: str = "rules") -> Rules:
@@ -70,10 +80,12 @@ def check(rules, where: str = "rules") -> Rules:
   return tuple(checked)
 
 
-def match(rules: Rules, path: str):
-  """The first rule whose pattern `re.search`-es `path`, or None when none does."""
+def match(rules: Rules, path: str, *also: str):
+  """The first rule whose pattern `re.search`-es `path` (or one of `also`: a product's
+  enclosing module paths, so a rule naming a layer covers the products inside it), or
+  None when none does."""
   for rule in rules:
-    if re.search(rule[0], path):
+    if any(re.search(rule[0], p) for p in (path, *also)):
       return rule
   return None
 
@@ -88,9 +100,10 @@ def preset(name: str, gemm_paths: Sequence[str] = ()) -> Rules:
   """The rules of a named preset (see the module docstring).
 
   Args:
-    name: "all", "no_ends" or "mlp_only".
-    gemm_paths: the model's GEMM layer paths in call order ("no_ends" keeps the first
-      and the last in high precision; ignored by the other presets).
+    name: "all", "no_ends", "mlp_only" or "no_attention".
+    gemm_paths: the model's product paths in call order (`linen.gemm_paths`,
+      `nnx.gemm_paths`): "no_ends" keeps the first and the last in high precision,
+      "no_attention" those between activations; ignored by the other presets.
   """
   if name == "all":
     return ()
@@ -100,4 +113,10 @@ def preset(name: str, gemm_paths: Sequence[str] = ()) -> Rules:
     return ((EMBED, None), (LM_HEAD, None), *((f"^{re.escape(p)}$", None) for p in ends))
   if name == "mlp_only":
     return ((NOT_MLP, None),)
+  if name == "no_attention":
+    if not all(hasattr(p, "activations") for p in gemm_paths) or not gemm_paths:
+      raise ValueError('preset("no_attention", gemm_paths) needs the paths that '
+                       "mxjax.linen.gemm_paths(model, *inputs) or mxjax.nnx.gemm_paths(model, "
+                       "*inputs) return: they know which products are between activations")
+    return tuple((f"^{re.escape(p)}$", None) for p in gemm_paths if p.activations)
   raise ValueError(f"unknown rules preset {name!r}; choose from {', '.join(PRESETS)}")

@@ -124,19 +124,27 @@ def test_off_is_bit_identical_and_mxfp8_close_but_not_equal(way):
 def _layer_runs(model, variables, x):
   """Applies `model` under the enclosing contexts and records every stock GEMM layer's
   call: {path: (the layer, its params, its input, its output)}."""
-  calls = {}
+  layers = {}
 
   def record(next_fun, args, kwargs, ctx):
     y = next_fun(*args, **kwargs)
     if ctx.method_name == "__call__" and isinstance(ctx.module, (nn.Dense, nn.DenseGeneral,
                                                                  nn.Einsum)):
       path = "/".join(ctx.module.scope.path)
-      calls[path] = (ctx.module.clone(parent=None), ctx.module.variables["params"], args, y)
+      layers[path] = ctx.module.clone(parent=None)
+      ctx.module.sow("intermediates", "io", (args, y))  # the model is traced: no side exit
     return y
 
   with nn.intercept_methods(record):  # outermost: sees what mxjax's interception makes
     with mxjax.autocast(recipe=MX), mxjax.linen.intercept(RULES):
-      model.apply(variables, x)
+      _, out = model.apply(variables, x, mutable=["intermediates"])
+  calls = {}
+  for path, layer in layers.items():
+    params, io = variables["params"], out["intermediates"]
+    for part in path.split("/"):
+      params, io = params[part], io[part]
+    (args, y), = io["io"]
+    calls[path] = (layer, params, args, y)
   return calls
 
 

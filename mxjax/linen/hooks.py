@@ -17,12 +17,14 @@ recipes add no variables, so the model's variables are those of the stock model.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax.numpy as jnp
 import flax.linen as nn
 from jax import lax
 
-from mxjax import context, state as state_lib
-from mxjax.einsum import einsum_as_dot_general
+from mxjax import context, products, state as state_lib
+from mxjax.einsum import einsum_as_dot_general, einsum_flops
 from mxjax.linen.modules import _STATE_NAME, project_with_state
 from mxjax.recipes import Recipe
 
@@ -38,6 +40,15 @@ class _Hook(nn.Module):
 
   def _recipe(self) -> Recipe | None:
     return self.recipe if self.recipe is not None else context.recipe_for(self._owner())
+
+  def _kept(self, lhs_shape, rhs_shape, flops: int):
+    """Flax's own call, marked as kept in high precision by a rule under an enabled
+    autocast (so interception leaves it, and `mxjax.coverage` says why)."""
+    if context.get_recipe() is None:
+      return contextlib.nullcontext()
+    return products.marked(type(self).__name__.lower().replace("dotgeneral", "dot_general"),
+                           lhs_shape, rhs_shape, flops, None,
+                           f"the rule for its layer '{self._owner()}'", self._owner())
 
   def _plain(self, recipe) -> bool:
     """Whether to make Flax's own call: no recipe and no state to keep."""
@@ -68,8 +79,10 @@ class DotGeneral(_Hook):
     recipe = self._recipe()
     if self._plain(recipe):
       kwargs = {} if out_sharding is None else dict(out_sharding=out_sharding)
-      return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                             preferred_element_type=preferred_element_type, **kwargs)
+      with self._kept(lhs.shape, rhs.shape,
+                      products.dot_flops(lhs.shape, rhs.shape, dimension_numbers)):
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type, **kwargs)
     return self._product(lhs, rhs, dimension_numbers, recipe, precision,
                          preferred_element_type, out_sharding)
 
@@ -91,8 +104,9 @@ class Einsum(_Hook):
       kwargs = {} if out_sharding is None else dict(out_sharding=out_sharding)
       if _dot_general is not None:
         kwargs["_dot_general"] = _dot_general
-      return jnp.einsum(subscripts, a, b, precision=precision,
-                        preferred_element_type=preferred_element_type, **kwargs)
+      with self._kept(a.shape, b.shape, einsum_flops(subscripts, a.shape, b.shape)):
+        return jnp.einsum(subscripts, a, b, precision=precision,
+                          preferred_element_type=preferred_element_type, **kwargs)
 
     def dot(a, b, dims, out_sharding=None):
       return self._product(a, b, dims, recipe, precision, preferred_element_type, out_sharding)

@@ -31,10 +31,11 @@ from flax.core import lift
 import jax
 import jax.numpy as jnp
 
-from mxjax import context, interception, state as state_lib
+from mxjax import context, interception, products, state as state_lib
 from mxjax.einsum import parse_subscripts
 from mxjax.linen import hooks
-from mxjax.linen.modules import DenseGeneral, layer_path
+from mxjax.linen.modules import layer_path
+from mxjax.recipes import MXFP8BlockScaling
 
 _DENSE = (nn.Dense, nn.DenseGeneral)
 #: The function behind `nn.Einsum.__call__` (Flax's method wrapper unwrapped), which is
@@ -69,39 +70,27 @@ def intercept(rules=None, *, state_collection: str = state_lib.STATE_COLLECTION)
     yield
 
 
-def gemm_paths(module: nn.Module, *args, **kwargs) -> list[str]:
-  """The paths of a linen model's GEMM layers (stock Dense, DenseGeneral, Einsum, mxjax's
-  modules, and layers using mxjax's hooks), in the order its `__call__` runs them.
+def gemm_paths(module: nn.Module, *args, **kwargs) -> list[products.ProductPath]:
+  """The paths of the products `intercept` makes MX in a linen model, in call order.
 
   Args:
     module: an unbound linen module; args, kwargs: inputs for `module.init` (only their
       shapes and dtypes are used: nothing is computed).
 
-  The list is the same inside an `autocast` / `intercept` / `quantized_model_init` and
-  outside. It holds what `intercept` quantizes: a stock Dense / DenseGeneral where it
-  runs the product `intercept` gives it (not with a `dot_general` / `dot_general_cls` of
-  its own, nor in a subclass computing its own product), an `nn.Einsum` subclass where
-  it runs `nn.Einsum.__call__` (its own `__call__` calling `super().__call__`).
+  Returns:
+    One `ProductPath` per product (a `str` with `.product`: op, shapes, `activations`):
+    a stock Dense / DenseGeneral / Einsum or mxjax layer by its layer path, every other
+    product by its module path and op name (`attn/einsum_1`). The same inside an
+    `autocast` / `intercept` / `quantized_model_init` and outside; it leaves out what no
+    recipe quantizes (integer operands, contractions shorter than one block).
   """
-  paths: list[str] = []
+  def init():
+    return module.init(jax.random.key(0), *args, **kwargs)
 
-  def record(next_fun, args, kwargs, ctx):
-    if ctx.method_name == "__call__":
-      if isinstance(ctx.module, DenseGeneral) or (
-          isinstance(ctx.module, nn.Einsum) and _runs_einsum_call(ctx)):
-        paths.append(layer_path(ctx.module))
-      elif isinstance(ctx.module, hooks.DotGeneral):
-        paths.append(ctx.module._owner())
-      elif _takes_a_product(ctx.module):  # listed where its product, the hook, runs
-        return _with_product(ctx.module, hooks.DotGeneral, next_fun, args, kwargs)
-    return next_fun(*args, **kwargs)
-
-  # Autocast off: an enclosing `intercept` then leaves every layer's own call to run, so
-  # `record` (the innermost interceptor) sees each one, as it does outside.
-  with context.autocast(enabled=False), context.quantized_model_init(enabled=False), \
-      nn.intercept_methods(record):
-    jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs))
-  return list(dict.fromkeys(paths))
+  with context.autocast(recipe=MXFP8BlockScaling()), context.quantized_model_init(
+      enabled=False), intercept(), _intercepting_init():
+    report = products.coverage(init)
+  return products.paths_to_quantize(report)
 
 
 def _takes_a_product(module: nn.Module) -> bool:
@@ -132,12 +121,26 @@ def _inside_the_model():
     _OUTERMOST.inside = before
 
 
+@contextlib.contextmanager
+def _intercepting_init():
+  """`init` intercepted too (`gemm_paths`; a model's `init` otherwise runs as it is)."""
+  before = getattr(_OUTERMOST, "at_init", False)
+  _OUTERMOST.at_init = True
+  try:
+    yield
+  finally:
+    _OUTERMOST.at_init = before
+
+
 def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
   module = ctx.module
   if (not getattr(_OUTERMOST, "inside", False) and ctx.method_name != "setup"
-      and context.get_recipe() is not None and module.scope is not None
-      and not module.is_initializing()):
-    return _every_product(module, ctx.method_name, args, kwargs)
+      and callable(getattr(type(module), ctx.method_name, None))  # not Flax's own lambdas
+      and context.get_recipe() is not None and module.scope is not None):
+    if module.is_initializing() and not getattr(_OUTERMOST, "at_init", False):
+      with _inside_the_model():  # init runs as it is: the stock params, bit for bit
+        return _interceptor(next_fun, args, kwargs, ctx, state_collection=state_collection)
+    return _every_product(module, ctx, args, kwargs)
   if ctx.method_name != "__call__":
     return next_fun(*args, **kwargs)
   if _takes_a_product(module):
@@ -176,7 +179,7 @@ def _einsum_layer(module: nn.Einsum, state_collection: str, inputs,
   return y
 
 
-def _every_product(module: nn.Module, method_name: str, args, kwargs):
+def _every_product(module: nn.Module, ctx, args, kwargs):
   """The model's outermost method call, with every product it computes run through the
   interception core (`mxjax.interception`): a Flax lifted transform, so the variables
   and rngs go in and the mutated collections come out as arrays."""
@@ -192,14 +195,28 @@ def _every_product(module: nn.Module, method_name: str, args, kwargs):
 
       with _inside_the_model():
         return interception.run(pure, (variable_groups, rng_groups, a, k), {}, recipe=recipe,
-                                rules=rules, where=where, strip=root)
+                                rules=rules, where=where, strip=root, weight_args=2,
+                                dequantize=_params_dequantized)
 
     
 
     return lift.pack(inner, (True,), (True,), (True,), name="mx", enable_kwargs=True)(
         scopes, *a, **k)
 
-  def method(mdl, *a, **k):
-    return getattr(mdl, method_name)(*a, **k)
-
+  method = getattr(ctx.orig_method, "func", ctx.orig_method)  # a partial over the module
+  method = getattr(method, "__func__", method)  # the function itself (any method, a lambda)
   return nn.transforms.lift_direct_transform(transform, (method,), module, *args, **kwargs)
+
+
+def _params_dequantized(inputs):
+  """The MXArrays of the `params` collection as arrays (`quantize_params`' kernels, read by
+  stock code); `mx_kernels` (`quantized_model_init`) stays quantized for its layers."""
+  (variable_groups, *rest), kwargs = inputs
+
+  def collections(x):  # groups (per filter) of scopes' {collection: variables}
+    if isinstance(x, (tuple, list)):
+      return type(x)(collections(item) for item in x)
+    return {name: interception.dequantized(tree) if name == "params" else tree
+            for name, tree in x.items()}
+
+  return (collections(variable_groups), *rest), kwargs

@@ -61,7 +61,7 @@ def _intercepting_class(base: type) -> type:
 
     out, new_state = interception.run(
         pure, (state, args, kwargs), {}, recipe=recipe, rules=self._mx_rules,
-        where=f"the NNX model {base.__name__}")
+        where=f"the NNX model {base.__name__}", dequantize=_params_dequantized)
     if any(jax.tree.leaves(jax.tree.map(lambda a, b: a is not b, state, new_state))):
       nnx.update(self, new_state)  # only where the call changed its state (BatchNorm, rngs)
     return out
@@ -101,3 +101,17 @@ def _name_submodules(model: nnx.Module) -> None:
 def _has_call(cls: type) -> bool:
   """Whether a module class defines `__call__` (nnx.List, nnx.Dict do not)."""
   return any("__call__" in vars(c) for c in cls.__mro__[:cls.__mro__.index(nnx.Module)])
+
+
+def _params_dequantized(inputs):
+  """The MXArrays held in `nnx.Param`s as arrays (`quantize_params`' kernels, read by
+  stock code); `QuantizedKernel`s (`quantized_model_init`) stay quantized for their layers."""
+  (state, *rest), kwargs = inputs
+
+  def value(variable):
+    if isinstance(variable, nnx.Param):
+      return variable.replace(interception.dequantized(variable.get_value()))
+    return variable
+
+  state = jax.tree.map(value, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return (state, *rest), kwargs

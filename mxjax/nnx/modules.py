@@ -33,7 +33,6 @@ from flax.core import meta
 from flax.nnx.nn import dtypes as nnx_dtypes
 
 from mxjax import _gemm, _repeated_calls, context, sharding, state as state_lib
-from mxjax.nnx import call_order
 from mxjax.recipes import Recipe
 
 
@@ -115,7 +114,6 @@ class Linear(nnx.Module):
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
     """x [..., in_features] -> [..., out_features]; `out_sharding` (Explicit mesh axes) as
     in `flax.nnx.Linear`."""
-    call_order.note(self)
     kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
     quantized = _gemm.is_quantized(kernel)

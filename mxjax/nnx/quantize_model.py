@@ -32,11 +32,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from mxjax import _gemm, context, rules as rules_lib, state as state_lib
+from mxjax import _gemm, context, products, rules as rules_lib, state as state_lib
 from mxjax.einsum import einsum_as_dot_general
-from mxjax.nnx import call_order, every_product
+from mxjax.nnx import every_product
 from mxjax.nnx.modules import AUTOCAST, Linear
-from mxjax.recipes import Recipe
+from mxjax.recipes import MXFP8BlockScaling, Recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,26 +114,31 @@ def _gemm_layers(model):
   return [("/".join(str(p) for p in path), node) for path, node in layers]
 
 
-def gemm_paths(model: nnx.Module, *args, **kwargs) -> list[str]:
-  """The graph paths of a model's stock Linear, LinearGeneral and Einsum layers and
-  mxjax's own Linear layers.
+def gemm_paths(model: nnx.Module, *args, **kwargs) -> list:
+  """The paths of a model's products that `quantize` makes MX.
 
   Args:
     model: an `nnx.Module`.
-    args, kwargs: inputs of `model(*args, **kwargs)`: the paths of the layers whose
-      product the call runs (what `quantize` makes MX: not a layer whose subclass computes
-      its own product), in the order it runs them; traced once, nothing is computed, the
-      model left as it was. Without inputs: every such layer, in the order the model
-      assigned them, which `nnx.merge` / `nnx.clone` (a checkpoint restore) sort by name.
+    args, kwargs: inputs of `model(*args, **kwargs)`: the call is traced once (nothing
+      is computed, the model left as it was) and every product it runs is listed, in call
+      order, as a `ProductPath` (a `str` with `.product`: op, shapes, `activations`): a
+      stock or mxjax layer by its layer path, every other product by its module path and
+      op name (`layers/0/attn/einsum_1`). Without inputs: the stock Linear,
+      LinearGeneral, Einsum and mxjax Linear layers, in the order the model assigned them
+      (which `nnx.merge` / `nnx.clone`, a checkpoint restore, sort by name).
   """
   if not args and not kwargs:
     return [path for path, _ in _gemm_layers(model)]
+  graphdef, state = nnx.split(model)
 
-  def layers(copy):
-    return [(path, layer, None if isinstance(layer, Linear) else _stock_product(layer)[0])
-            for path, layer in _gemm_layers(copy)]
+  def call(state, args, kwargs):
+    copy = quantize(nnx.merge(graphdef, state))
+    return copy(*args, **kwargs)
 
-  return call_order.traced_order(model, layers, lambda copy: copy(*args, **kwargs))
+  with context.autocast(recipe=MXFP8BlockScaling()), context.quantized_model_init(
+      enabled=False):
+    report = products.coverage(call, state, args, kwargs)
+  return products.paths_to_quantize(report)
 
 
 def quantize(model: nnx.Module, rules=None) -> nnx.Module:
