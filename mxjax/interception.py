@@ -201,6 +201,8 @@ class _Walk:
       return fn(*invals)
     if name == "shard_map":
       return self._shard_map(eqn, invals, sub(params["jaxpr"], in_w))
+    if name.startswith("custom_") and products.products_in(eqn):
+      return self._custom(eqn, invals, names)
     return self._bind(eqn, invals)
 
   @staticmethod
@@ -251,13 +253,17 @@ class _Walk:
 
   # -- products -----------------------------------------------------------------------
 
-  def _name(self, eqn, names: str, op: str | None = None) -> tuple[str, str]:
-    """(path, op) of a product: module path / op name with a per-module count."""
+  def _module(self, names: str) -> str:
+    """The module path in a name stack (without the root's own scopes)."""
     parts = products._plain_path(names).split("/") if names else []
     while parts and self.strip and (parts[0] == self.strip
                                     or parts[0].startswith(self.strip + ".")):
       parts = parts[1:]  # the root's own scopes (a linen root: `Model`, `Model.method`)
-    module = "/".join(p for p in parts if p)
+    return "/".join(p for p in parts if p)
+
+  def _name(self, names: str, op: str | None = None) -> tuple[str, str]:
+    """(path, op) of a product: module path / op name with a per-module count."""
+    module = self._module(names)
     if op is None:  # jnp.einsum traces under a scope named by its equation
       op = "einsum" if any("->" in p for p in names.split("/")) else "dot_general"
     number = self.counts[(module, op)]
@@ -284,7 +290,7 @@ class _Walk:
     lhs, rhs = invals
     dims = eqn.params["dimension_numbers"]
     out_dtype = eqn.outvars[0].aval.dtype
-    path, op = self._name(eqn, names)
+    path, op = self._name(names)
     contraction = math.prod(jnp.shape(lhs)[d] for d in dims[0][0])
     recipe, reason = self._plan(path, lhs, rhs, contraction, out_dtype)
     self._note(path, recipe, reason)
@@ -301,7 +307,7 @@ class _Walk:
   def _ragged(self, eqn, invals, names, activations: bool):
     from mxjax import ragged  # noqa: PLC0415  (ragged imports dot, as this file does)
     lhs, rhs, group_sizes = invals[:3]
-    path, op = self._name(eqn, names, "ragged_dot")
+    path, op = self._name(names, "ragged_dot")
     p = eqn.params
     form = ragged.standard_form(p["ragged_dot_dimension_numbers"], jnp.ndim(lhs), jnp.ndim(rhs))
     recipe, reason = self._plan(path, lhs, rhs, jnp.shape(lhs)[-1], eqn.outvars[0].aval.dtype)
@@ -321,6 +327,17 @@ class _Walk:
                                scale_mode=recipe.scale_mode,
                                preferred_element_type=eqn.outvars[0].aval.dtype)
 
+  def _custom(self, eqn, invals, names):
+    """A custom_vjp / custom_jvp function with products: as it is (its derivative rule is
+    its author's), its products reported as kept, by its path."""
+    kind = eqn.primitive.name.removesuffix("_call")
+    reason = f"inside a {kind} function (its own derivative rule)"
+    module = self._module(names)
+    for _ in range(products.products_in(eqn)):
+      self._note(module, None, reason)
+    with products.marked(products.SCOPE, (), (), 0, None, reason, module):
+      return self._bind(eqn, invals)
+
   def _note(self, path, recipe, reason):
     self.paths.append(path)
     if recipe is None:
@@ -335,7 +352,8 @@ class _Walk:
     if not self.made:
       why = ("it computes no dot_general / einsum / matmul / ragged_dot" if not self.paths
              else "; ".join(f"{n} kept in high precision: {r}" for r, n in self.kept.items()))
-      warnings.warn(f"mxjax: {where} ran under autocast({self.recipe}) but quantized no "
+      warnings.warn(f"mxjax: {where} ran under autocast({products.describe(self.recipe)}) "
+                    "but quantized no "
                     f"product: {why}. Check mxjax.coverage(...).", UserWarning, stacklevel=3)
     named = [name for path in self.paths for name in _with_modules(path)]
     for pattern, _ in self.rules:

@@ -27,6 +27,8 @@ import jax
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
+#: The op of a record that names a function's products (a custom_vjp left as it is).
+SCOPE = "scope"
 #: Why a product is in high precision when nothing intercepted it.
 NOT_INTERCEPTED = ("not intercepted: no mxjax.quantized / linen.intercept / nnx.quantize "
                    "around it under an enabled autocast")
@@ -230,26 +232,31 @@ def name_stack_of(eqn) -> str:
   return str(getattr(getattr(eqn, "source_info", None), "name_stack", "") or "")
 
 
-def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: set) -> None:
+def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: set,
+          prefix: str = "") -> None:
   for eqn in jaxpr.eqns:
     names = "/".join(s for s in (stack, name_stack_of(eqn)) if s)
     numbers = _MARK.findall(names)
-    if numbers:
-      number = int(numbers[-1])
-      if number not in seen and number in _RECORDS:
-        seen.add(number)
-        out.append(dataclasses.replace(_RECORDS[number], calls=calls))
-      if number in _RECORDS:
-        continue
+    record = _RECORDS.get(int(numbers[-1])) if numbers else None
+    if record is not None:
+      if int(numbers[-1]) not in seen:
+        seen.add(int(numbers[-1]))
+        if record.op == SCOPE:  # products of a function left as it is: named inside it
+          for sub in jex_core.jaxprs_in_params(eqn.params):
+            _walk(sub, "", calls, record.reason, out, seen, record.path)
+        else:
+          out.append(dataclasses.replace(record, calls=calls))
+      continue
     name = eqn.primitive.name
     if name in ("dot_general", "ragged_dot_general"):
       lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
       if name == "dot_general":
         flops = dot_flops(lhs, rhs, eqn.params["dimension_numbers"])
+        op = "einsum" if any("->" in part for part in names.split("/")) else "dot_general"
       else:  # [M, K] x [G, K, N]: each row meets one group
-        flops = 2 * math.prod(lhs) * rhs[-1]
-      out.append(Product(_plain_path(names), "dot_general" if name == "dot_general"
-                         else "ragged_dot", tuple(lhs), tuple(rhs), flops, None,
+        flops, op = 2 * math.prod(lhs) * rhs[-1], "ragged_dot"
+      path = "/".join(p for p in (prefix, _plain_path(names)) if p)
+      out.append(Product(path, op, tuple(lhs), tuple(rhs), flops, None,
                          inside or NOT_INTERCEPTED, calls))
       continue
     times = calls * (eqn.params["length"] if name == "scan" else 1)
@@ -257,7 +264,15 @@ def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: se
     if name.startswith("custom_"):
       why = f"inside a {name.removesuffix('_call')} function (its own derivative rule)"
     for sub in jex_core.jaxprs_in_params(eqn.params):
-      _walk(sub, names, times, why, out, seen)
+      _walk(sub, names, times, why, out, seen, prefix)
+
+
+def products_in(eqn) -> int:
+  """How many products an equation's sub-jaxprs compute (as traced)."""
+  out: list[Product] = []
+  for sub in jex_core.jaxprs_in_params(eqn.params):
+    _walk(sub, "", 1, None, out, set())
+  return len(out)
 
 
 def _plain_path(names: str) -> str:
