@@ -3,7 +3,8 @@
 
 Both models are one transformer LM whose projections are `DenseGeneral`s: stock
 `flax.linen.DenseGeneral` in one, `mxjax.linen.DenseGeneral` in the other (same
-shapes, same params tree); the attention scores are plain jnp in both. Each step
+shapes, same params tree); the attention products are `jnp.einsum` in the stock model
+(which `intercept` makes MX, as every product) and `mxjax.einsum` in the other. Each step
 (loss, gradients, SGD update) runs under MXFP8, jitted; the bf16 step of the stock model
 is printed for scale. Goal: intercepted / own modules within 1.05.
 
@@ -13,8 +14,10 @@ is printed for scale. Goal: intercepted / own modules within 1.05.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -31,6 +34,7 @@ class LM(nn.Module):
   """tokens int[B, T] -> logits f32[B, T, 256], with `dense` as every projection."""
 
   dense: type
+  einsum: Callable
   d_model: int
   layers: int
   heads: int = 4
@@ -44,9 +48,9 @@ class LM(nn.Module):
       y = nn.LayerNorm(dtype=jnp.bfloat16)(x)
       q, k, v = (self.dense((h, d // h), dtype=jnp.bfloat16, name=f"{n}_{i}")(y)
                  for n in "qkv")
-      s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // h) ** 0.5
+      s = self.einsum("bqhd,bkhd->bhqk", q, k) / (d // h) ** 0.5
       p = jax.nn.softmax(jnp.where(causal, s.astype(jnp.float32), -1e9)).astype(jnp.bfloat16)
-      a = jnp.einsum("bhqk,bkhd->bqhd", p, v)
+      a = self.einsum("bhqk,bkhd->bqhd", p, v)
       x = x + self.dense(d, axis=(-2, -1), dtype=jnp.bfloat16, name=f"out_{i}")(a)
       y = nn.gelu(self.dense(4 * d, dtype=jnp.bfloat16, name=f"mlp_in_{i}")(
           nn.LayerNorm(dtype=jnp.bfloat16)(x)))
@@ -73,14 +77,16 @@ def main(argv=None):
   parser.add_argument("--reps", type=int, default=15)
   args = parser.parse_args(argv)
 
-  stock = LM(nn.DenseGeneral, args.d_model, args.layers)
-  own = LM(mxjax.linen.DenseGeneral, args.d_model, args.layers)
+  recipe = mxjax.MXFP8BlockScaling()
+  mx_einsum = functools.partial(mxjax.einsum, fwd_format=recipe.fwd_format,
+                                bwd_format=recipe.bwd_format)
+  stock = LM(nn.DenseGeneral, jnp.einsum, args.d_model, args.layers)
+  own = LM(mxjax.linen.DenseGeneral, mx_einsum, args.d_model, args.layers)
   batch = jax.random.randint(jax.random.key(0), (args.batch, args.seq + 1), 0, 256)
   params = stock.init(jax.random.key(1), batch[:, :-1])["params"]
   own_params = own.init(jax.random.key(1), batch[:, :-1])["params"]
   assert jax.tree.structure(own_params) == jax.tree.structure(params)
 
-  recipe = mxjax.MXFP8BlockScaling()
   steps = {}
   steps["bf16 (stock)"] = jax.jit(train_step(stock))
   with mxjax.autocast(recipe=recipe), mxjax.linen.intercept():

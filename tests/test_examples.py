@@ -55,3 +55,14 @@ def test_dropin_flax_short_run():
   bf16, mxfp8 = float(match[1]), float(match[2])
   assert 0 < bf16 < 20 and math.isfinite(mxfp8)
   assert abs(mxfp8 - bf16) < 0.05 * bf16  # the same stock model, MXFP8 MLPs only: close
+
+
+def test_dropin_flax_own_einsum_model_is_covered():
+  """A model written with its own einsum modules and a tied head: every product MX."""
+  out = run_example("dropin_flax.py", "--model", "own", "--steps", "2", "--every", "1")
+  assert re.search(r"^OwnBlock_0/q/einsum_0 +einsum", out, re.M), out[:3000]
+  share = re.search(r"MX share of dot FLOPs: ([\d.]+)%", out)
+  assert share and float(share[1]) >= 99.0, out[:3000]
+  assert re.search(r"^dot_general_0 +dot_general +\[1, 64, 128\] x \[128, 256\]", out, re.M)
+  match = re.search(r"validation loss: bf16 ([\d.]+), mxfp8 ([\d.]+)", out)
+  assert match and float(match[2]) != float(match[1])

@@ -335,3 +335,20 @@ def test_a_stock_dense_under_intercept_is_quantized_once():
   nested = [e for c in calls for e in c.params["call_jaxpr"].jaxpr.eqns
             if e.primitive.name == "custom_vjp_call"]
   assert len(calls) == 2 and not nested
+
+
+def test_a_rule_on_a_name_that_is_not_there_warns_under_intercept_and_quantize():
+  """`nn.Sequential` names its layers `layers_0`, `layers_2`: a rule on `Dense_0` would
+  quietly do nothing; it warns, naming the paths that exist."""
+  import flax.linen as nn  # noqa: PLC0415
+
+  model = nn.Sequential([nn.Dense(64), nn.relu, nn.Dense(64)])
+  variables = model.init(jax.random.key(0), XS)
+  with mxjax.autocast(recipe=MX):
+    with pytest.warns(UserWarning, match=r"'Dense_0' matches no product path.*'layers_0'"):
+      with mxjax.linen.intercept([("Dense_0", None)]):
+        model.apply(variables, XS)
+    linear = nnx.Sequential(nnx.Linear(64, 64, rngs=nnx.Rngs(0)), jax.nn.relu)
+    mxjax.nnx.quantize(linear, [("Linear_0", None)])
+    with pytest.warns(UserWarning, match=r"'Linear_0' matches no product path.*'layers/0'"):
+      linear(XS)
