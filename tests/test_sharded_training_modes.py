@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import mxjax
+from mx_products import count_mx_products
 from sharding_helpers import (assert_collectives_within, assert_grads_close, bits,
                               compiled_collectives, spec_of)
 
@@ -105,11 +106,14 @@ def test_train_step_matches_one_device_with_the_high_precision_collectives(kind,
     xs, ys = (jax.device_put(a, NamedSharding(mesh, P("data", None, None))) for a in (x, y))
     mx_step = train_step(model, MXFP8)
     got_params, got_loss, got_grads = jax.jit(mx_step)(ps, xs, ys)
-    hp_params, _, hp_grads = jax.jit(hp_step)(ps, xs, ys)
+    hp_params, hp_loss, hp_grads = jax.jit(hp_step)(ps, xs, ys)
     ops = compiled_collectives(mx_step, ps, xs, ys)
     hp_ops = compiled_collectives(hp_step, ps, xs, ys)
 
   np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+  assert float(got_loss) != float(hp_loss)  # MX ran: fc1 and fc2 are MX products
+  with mxjax.autocast(recipe=MXFP8):
+    assert count_mx_products(MLP().apply, {"params": params}, x) == 2
   for (path, g), want, hp_g, param in zip(jax.tree_util.tree_leaves_with_path(got_grads),
                                           jax.tree.leaves(want_grads), jax.tree.leaves(hp_grads),
                                           jax.tree.leaves(ps)):
