@@ -2,6 +2,7 @@
 DP and FSDP MX Dense steps on one global 4-device mesh; both see the losses, gradients
 and params of the same steps run in one process on one device."""
 
+import functools
 import os
 import pathlib
 import signal
@@ -56,6 +57,7 @@ def run_all(commands, tmp_path):
   return texts
 
 
+@functools.lru_cache(maxsize=None)
 def first_step_losses() -> tuple[float, float]:
   """(MXFP8, high-precision) loss of the script's first step on one device: its model
   (2 `mxjax.Dense`, GELU between), params, batch and loss, here."""
