@@ -35,7 +35,7 @@ def test_an_inf_or_nan_input_makes_every_output_it_reaches_nan():
   nan[:, 6] = True
   np.testing.assert_array_equal(np.isnan(y), nan)
   hp = x[[0, 1, 3]] @ w
-  assert np.isinf(hp[1, :6]).all() and np.isinf(hp[:, 6]).all()  # high precision: Inf
+  assert np.isinf(hp[1, :6]).all() and np.isinf(hp[[0, 2], 6]).all()  # high precision: Inf
   # through an intercepted stock layer too
   dense = nn.Dense(8)
   params = dense.init(jax.random.key(2), x)
