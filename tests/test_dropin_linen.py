@@ -216,7 +216,7 @@ def test_sixty_mxfp8_steps_reach_the_bf16_loss():
     assert count_mx_products(model.apply, variables, x) == 0
     with mxjax.autocast(recipe=MX):
       assert count_mx_products(model.apply, variables, x) >= len(
-          mxjax.linen.gemm_paths(model, x)) == 13
+          mxjax.linen.gemm_paths(model, x)) >= 13
   bf16, mx = _train(model, variables, None), _train(model, variables, MX)
   assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
   assert mx != bf16  # the MX run is not the bf16 one

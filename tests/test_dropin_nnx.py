@@ -161,7 +161,7 @@ def test_sixty_mxfp8_steps_reach_the_bf16_loss():
   model, x = mxjax.nnx.quantize(Decoder(dtype=jnp.bfloat16)), tokens()[:, :-1]
   assert count_mx_products(model, x) == 0
   with mxjax.autocast(recipe=MX):
-    assert count_mx_products(model, x) >= len(mxjax.nnx.gemm_paths(model, x)) == 2 * 7 + 1
+    assert count_mx_products(model, x) >= len(mxjax.nnx.gemm_paths(model, x)) >= 2 * 7 + 1
   bf16, mx = _train(None), _train(MX)
   assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
   assert mx != bf16  # the MX run is not the bf16 one
