@@ -19,6 +19,7 @@ from flax.training.train_state import TrainState
 
 import mxjax
 from mxjax import state as state_lib
+from mx_products import count_mx_products
 
 VOCAB, D, HEADS, T, BATCH = 64, 64, 4, 16, 8
 MX = mxjax.MXFP8BlockScaling()
@@ -216,9 +217,17 @@ def _train(model, variables, recipe, steps=60):
 
 def test_sixty_mxfp8_steps_reach_the_bf16_loss():
   model = Decoder(dtype=jnp.bfloat16)
-  variables = model.init(jax.random.key(0), tokens()[:, :-1])
+  x = tokens()[:, :-1]
+  variables = model.init(jax.random.key(0), x)
+  # MX runs: every GEMM layer's product is an MX product (none with autocast off).
+  with mxjax.linen.intercept():
+    assert count_mx_products(model.apply, variables, x) == 0
+    with mxjax.autocast(recipe=MX):
+      assert count_mx_products(model.apply, variables, x) >= len(
+          mxjax.linen.gemm_paths(model, x)) >= 13
   bf16, mx = _train(model, variables, None), _train(model, variables, MX)
   assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
+  assert mx != bf16  # the MX run is not the bf16 one
   assert abs(mx - bf16) / bf16 < 0.05, (mx, bf16)
 
 

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 import mxjax
+from mx_products import count_mx_products
 
 VOCAB, D, HEADS, T, BATCH = 64, 64, 4, 16, 8
 MX = mxjax.MXFP8BlockScaling()
@@ -157,8 +158,14 @@ def _train(recipe, steps=60):
 
 
 def test_sixty_mxfp8_steps_reach_the_bf16_loss():
+  # MX runs: every GEMM layer's product is an MX product (none with autocast off).
+  model, x = mxjax.nnx.quantize(Decoder(dtype=jnp.bfloat16)), tokens()[:, :-1]
+  assert count_mx_products(model, x) == 0
+  with mxjax.autocast(recipe=MX):
+    assert count_mx_products(model, x) >= len(mxjax.nnx.gemm_paths(model, x)) >= 2 * 7 + 1
   bf16, mx = _train(None), _train(MX)
   assert bf16 < 3.0  # it learned (log(64) = 4.16 at the start)
+  assert mx != bf16  # the MX run is not the bf16 one
   assert abs(mx - bf16) / bf16 < 0.05, (mx, bf16)
 
 

@@ -2,6 +2,7 @@
 DP and FSDP MX Dense steps on one global 4-device mesh; both see the losses, gradients
 and params of the same steps run in one process on one device."""
 
+import functools
 import os
 import pathlib
 import signal
@@ -56,6 +57,34 @@ def run_all(commands, tmp_path):
   return texts
 
 
+@functools.lru_cache(maxsize=None)
+def first_step_losses() -> tuple[float, float]:
+  """(MXFP8, high-precision) loss of the script's first step on one device: its model
+  (2 `mxjax.Dense`, GELU between), params, batch and loss, here."""
+  import flax.linen as nn  # noqa: PLC0415 (jax after conftest's XLA_FLAGS)
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  import mxjax  # noqa: PLC0415
+  from mx_products import count_mx_products  # noqa: PLC0415
+  dim, hidden, batch = 128, 256, 256  # the script's DIM, HIDDEN, BATCH
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return mxjax.Dense(dim, name="fc2")(nn.gelu(mxjax.Dense(hidden, name="fc1")(x)))
+
+  teacher = np.random.default_rng(42).normal(size=(dim, dim)) / np.sqrt(dim)
+  x = np.random.default_rng(0).normal(size=(batch, dim)).astype(np.float32)
+  y = np.tanh(x @ teacher).astype(np.float32)
+  params = MLP().init(jax.random.key(0), np.zeros((batch, dim), np.float32))
+  loss = jax.jit(lambda p: jnp.mean(jnp.square(MLP().apply(p, x) - y)))
+  hp = float(loss(params))
+  with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
+    assert count_mx_products(loss, params) == 2
+    return float(loss(params)), hp
+
+
 @pytest.mark.parametrize("axis_types", ["explicit", "auto"])
 def test_two_processes_train_as_one_device(tmp_path, axis_types):
   port = free_port()
@@ -70,6 +99,12 @@ def test_two_processes_train_as_one_device(tmp_path, axis_types):
   first, second, one = (np.load(out) for out in outs)
   assert sorted(first.files) == sorted(one.files)
   assert {name.split("/")[0] for name in first.files} == {"dp", "fsdp"}
+  # MX ran: the first step's loss is the MXFP8 loss of the same step computed here (its
+  # two MX products counted), not the high-precision one.
+  mx_loss, hp_loss = first_step_losses()
+  for name in ("dp/loss", "fsdp/loss"):
+    np.testing.assert_allclose(first[name][0], mx_loss, rtol=1e-6, err_msg=name)
+    assert abs(first[name][0] - hp_loss) > 1e-4 * hp_loss, (name, first[name][0], hp_loss)
   for name in first.files:
     np.testing.assert_array_equal(first[name], second[name], err_msg=name)  # one program
     want = one[name]

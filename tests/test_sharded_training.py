@@ -200,18 +200,19 @@ def test_train_step_matches_single_device_and_moves_no_weights(mesh, mode):
   # contractions, the gradient reduction) the only collectives are all-gathers of
   # activation gradients (they carry the per-shard batch) and of a replicated bias's
   # update, which XLA computes sharded - the very gathers of the high-precision step.
-  assert {kind for kind, _ in ops} <= {"all-gather", "all-reduce"}, ops
-  for kind, shape in ops:
+  assert {kind for kind, _, _ in ops} <= {"all-gather", "all-reduce"}, ops
+  for kind, shape, _ in ops:
     if kind == "all-gather":
       assert LOCAL_BATCH in shape or len(shape) == 1, (kind, shape)
   assert gathers(ops) == gathers(plain), (ops, plain)
   if mode in ("dp", "tp-col"):
-    # Nothing but all-reduces, exactly those of the high-precision step.
+    # Nothing but all-reduces, exactly those of the high-precision step (kind, shape and
+    # element type).
     assert not gathers(ops), ops
     assert Counter(ops) == Counter(plain), (ops, plain)
   if mode == "dp":  # one gradient all-reduce: every param's gradient plus the loss
     n_params = sum(a.size for a in jax.tree.leaves(run.params))
-    assert sum(int(np.prod(s)) for _, s in ops) == n_params + 1, ops
+    assert sum(int(np.prod(s)) for _, s, _ in ops) == n_params + 1, ops
 
 
 @pytest.mark.parametrize("mode", ["dp", "tp-col"])

@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import mxjax
+from sharding_helpers import assert_grads_close
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
 
@@ -124,5 +125,5 @@ def test_sharded_dot_general_matches_single_device(mesh):
     f = jax.jit(jax.value_and_grad(loss, (0, 1)))
     got = f(xs, ws)
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
-    np.testing.assert_allclose(got[1][0], expected[1][0], rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(got[1][1], expected[1][1], rtol=1e-5, atol=1e-4)
+    assert_grads_close(got[1][0], expected[1][0])
+    assert_grads_close(got[1][1], expected[1][1])
