@@ -108,22 +108,26 @@ class TiedAndConv(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     embed = nn.Embed(64, 32, name="embed")
-    x = embed(tokens)  # [B, T, 32]
-    x = nn.Conv(32, (3,), name="conv")(x)
-    return embed.attend(x), nn.Dense(16, name="dense")(x)
+    x = nn.Conv(32, (3,), name="conv")(embed(tokens))  # [B, T, 32]
+    return x, embed.attend(x), nn.Dense(16, name="dense")(x)
 
 
-def test_embed_attend_and_conv_stay_high_precision_under_interception():
-  """README: interception leaves `nn.Embed.attend` / `nnx.Embed.attend` and convolutions in
-  high precision (bit for bit); the Dense beside them is MX."""
+def test_embed_attend_is_mx_and_conv_stays_high_precision_under_interception():
+  """README: interception makes every product MX, the tied head `Embed.attend` (a
+  `jnp.dot`) included, unless a rule keeps it (`attend`, its path); a convolution is no
+  product and stays in high precision, bit for bit. linen and NNX."""
   tokens = jax.random.randint(jax.random.key(0), (4, 32), 0, 64)
   model = TiedAndConv()
   params = model.init(jax.random.key(1), tokens)
-  logits, dense = jax.jit(model.apply)(params, tokens)
-  with mxjax.autocast(recipe=MXFP8), mxjax.linen.intercept():
-    mx_logits, mx_dense = jax.jit(model.apply)(params, tokens)
-  np.testing.assert_array_equal(mx_logits, logits)
-  assert not np.array_equal(mx_dense, dense)
+  conv, logits, dense = jax.jit(model.apply)(params, tokens)
+  with mxjax.autocast(recipe=MXFP8):
+    with mxjax.linen.intercept():
+      mx_conv, mx_logits, mx_dense = jax.jit(model.apply)(params, tokens)
+    with mxjax.linen.intercept([("attend", None)]):
+      _, kept_logits, _ = jax.jit(model.apply)(params, tokens)
+  np.testing.assert_array_equal(mx_conv, conv)
+  np.testing.assert_array_equal(kept_logits, logits)
+  assert not np.array_equal(mx_logits, logits) and not np.array_equal(mx_dense, dense)
 
   class NTiedAndConv(nnx.Module):
     def __init__(self, rngs):
@@ -133,15 +137,18 @@ def test_embed_attend_and_conv_stay_high_precision_under_interception():
 
     def __call__(self, tokens):
       x = self.conv(self.embed(tokens))
-      return self.embed.attend(x), self.dense(x)
+      return x, self.embed.attend(x), self.dense(x)
 
   stock = NTiedAndConv(nnx.Rngs(0))
+  conv, logits, dense = stock(tokens)
   model = mxjax.nnx.quantize(NTiedAndConv(nnx.Rngs(0)))
-  logits, dense = stock(tokens)
+  kept = mxjax.nnx.quantize(NTiedAndConv(nnx.Rngs(0)), [("dot_general", None)])
   with mxjax.autocast(recipe=MXFP8):
-    mx_logits, mx_dense = model(tokens)
-  np.testing.assert_array_equal(mx_logits, logits)
-  assert not np.array_equal(mx_dense, dense)
+    mx_conv, mx_logits, mx_dense = model(tokens)
+    _, kept_logits, _ = kept(tokens)
+  np.testing.assert_array_equal(mx_conv, conv)
+  np.testing.assert_array_equal(kept_logits, logits)
+  assert not np.array_equal(mx_logits, logits) and not np.array_equal(mx_dense, dense)
 
 
 def test_multisteps_records_each_micro_batch_as_a_step():
