@@ -1,23 +1,25 @@
-"""MX for stock linen models, unchanged: `intercept(rules)` and `gemm_paths(...)`.
+"""MX for linen models, unchanged: `intercept(rules)` and `gemm_paths(...)`.
 
     with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()), mxjax.linen.intercept(rules):
       logits = model.apply(params, tokens)
 
-Inside `intercept`, every stock `nn.Dense`, `nn.DenseGeneral` and `nn.Einsum` (the
-projections of `nn.MultiHeadDotProductAttention` among them) computes its product with
-mxjax under the recipe of its path (`mxjax.rules`; no matching rule: the autocast
-recipe). mxjax's own modules follow the same rules. Nothing else changes: the model's
-code, its params and, for stateless recipes, all its variables are those of the stock
-model, so its checkpoints load as they are. A DelayedScaling layer keeps its state in the
-`mx_state` collection (or `state_collection`) of a hook child (see `mxjax.linen.hooks`).
+Inside `intercept`, every product the model computes runs through mxjax under the recipe
+of its path (`mxjax.rules`; no matching rule: the autocast recipe): stock `nn.Dense`,
+`nn.DenseGeneral` and `nn.Einsum` layers, and every `jnp.einsum`, `@`, `jnp.dot`,
+`lax.dot_general` and `lax.ragged_dot` in the model's own modules and helpers. Nothing
+else changes: the model's code, its params and, for stateless recipes, all its variables
+are those of the stock model, so its checkpoints load as they are. `init` runs as it is.
 
-How: a Flax method interceptor (`nn.intercept_methods`). A Dense / DenseGeneral that
-has no product of its own (`dot_general`, `dot_general_cls` unset) runs with
-`dot_general_cls=DotGeneral` for the call; `nn.Einsum.__call__` itself is made again here
-with the same params and `hooks.Einsum` as the product. A subclass's own `__call__` runs
-as written: where it calls `super().__call__`, that call gets the MX product; where it
-computes its product itself, that product stays in high precision. A layer that already
-has its own product (e.g. mxjax's hooks) is left as it is.
+How: a Flax method interceptor (`nn.intercept_methods`). The model's outermost method
+call runs as a Flax lifted transform (the variables and rngs go in, the mutated
+collections come out) through the interception core, `mxjax.interception`, which makes
+each product MX by its path `module path / op name` (`block_0/attn/einsum_1`). Stock
+Dense / DenseGeneral / Einsum layers keep the hooks they had (`mxjax.linen.hooks`, whose
+products are named by the layer's path and can keep DelayedScaling state in the
+`mx_state` collection, or `state_collection`): a Dense with no product of its own runs
+with `dot_general_cls=DotGeneral` for the call; `nn.Einsum.__call__` is made again here
+with the same params and `hooks.Einsum` as the product. Every other product (a
+subclass's own, a Dense's own `dot_general`) is the core's.
 """
 
 from __future__ import annotations
@@ -52,12 +54,13 @@ def _runs_einsum_call(ctx) -> bool:
 
 @contextlib.contextmanager
 def intercept(rules=None, *, state_collection: str = state_lib.STATE_COLLECTION):
-  """Runs every stock linen Dense / DenseGeneral / Einsum GEMM through mxjax.
+  """Runs every product of a linen model's `apply` through mxjax.
 
   Args:
     rules: a sequence of `(regex, recipe or None)` pairs matched with `re.search`
-      against each layer's path (`mxjax.rules`); None: every layer runs the autocast
-      recipe. Checked before anything is entered.
+      against each product's path and its module paths (`mxjax.rules`); None: every
+      product runs the autocast recipe. Checked before anything is entered; a rule that
+      matches no product warns when the model runs.
     state_collection: the collection of the stock layers' DelayedScaling states;
       `flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT` makes Flax's `TrainState` apply the
       gradient overwrite (mxjax's own modules keep their `state_collection`).

@@ -1,24 +1,27 @@
-"""MX for stock NNX models, unchanged: `quantize(model, rules)` and `gemm_paths(model)`.
+"""MX for NNX models, unchanged: `quantize(model, rules)` and `gemm_paths(model)`.
 
     mxjax.nnx.quantize(model, rules=[(r"lm_head", None)])
     with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
       loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
 
-`quantize` gives every stock `nnx.Linear` and `nnx.LinearGeneral` (the projections of
-`nnx.MultiHeadAttention` among them) an MX `dot_general`, and every `nnx.Einsum` an MX
-`einsum_op`, in place. They are static attributes, so `nnx.state(model)` (and every
-checkpoint of it) is unchanged. Each product runs, at call time, under an enabled
-autocast, the recipe of its layer's rule (`mxjax.rules`; the path is the graph path
-joined by "/", e.g. `layers/0/attn/q_einsum`) or the autocast recipe; with autocast off
-it makes exactly the stock call. A rule's None leaves the layer untouched. mxjax's own
+`quantize` makes every product of the model's call MX under an enabled autocast, in
+place: every stock `nnx.Linear` and `nnx.LinearGeneral` (the projections of
+`nnx.MultiHeadAttention` among them) gets an MX `dot_general`, and every `nnx.Einsum`
+an MX `einsum_op` (static attributes, named by the layer's graph path, e.g.
+`layers/0/attn/q_einsum`); the model's `__call__` runs every other product (`jnp.einsum`,
+`@`, `lax.ragged_dot` ... in its own code) through the interception core
+(`mxjax.nnx.every_product`), named `module path / op name` (`layers/0/attn/einsum_1`).
+`nnx.state(model)` (and every checkpoint of it) is unchanged. Each product runs the
+recipe of its rule (`mxjax.rules`) or the autocast recipe; with autocast off the model
+makes exactly the stock calls. A rule's None leaves a layer untouched. mxjax's own
 `Linear` layers follow the rules too (their static `rule_recipe`), unless built with a
 `recipe` of their own.
 
-`gemm_paths(model, *inputs)` lists the layers in the order a call runs their products
-(`mxjax.rules.preset("no_ends", ...)` takes its first and last); without inputs, in the
-order their attributes were assigned (nnx's graph sorts them by name), which is the call
-order of a model that defines its layers in the order it calls them, but which a
-restored model (`nnx.merge`, `nnx.clone`) no longer has.
+`gemm_paths(model, *inputs)` lists the products in the order a call runs them
+(`mxjax.rules.preset("no_ends", ...)` takes its first and last); without inputs, the
+layers in the order their attributes were assigned (nnx's graph sorts them by name),
+which is the call order of a model that defines its layers in the order it calls them,
+but which a restored model (`nnx.merge`, `nnx.clone`) no longer has.
 
 Per-tensor state has no place in an unchanged `nnx.state`: a layer reached by
 DelayedScaling raises an error naming it (`mxjax.nnx.Linear` keeps such state).
@@ -142,8 +145,9 @@ def gemm_paths(model: nnx.Module, *args, **kwargs) -> list:
 
 
 def quantize(model: nnx.Module, rules=None) -> nnx.Module:
-  """Gives every stock Linear / LinearGeneral / Einsum of `model` an MX product, and every
-  mxjax `Linear` its rule's recipe (`rule_recipe`), in place.
+  """Makes every product of `model`'s call MX under an enabled autocast, in place: stock
+  Linear / LinearGeneral / Einsum layers get an MX product, mxjax `Linear`s their rule's
+  recipe (`rule_recipe`), and the model's `__call__` intercepts every other product.
 
   Args:
     model: an `nnx.Module`.
