@@ -181,6 +181,8 @@ class _Walk:
     if name == "ragged_dot_general":
       return self._ragged(eqn, invals, names, activations)
     params = eqn.params
+    if not products.products_in(eqn):  # no product inside: as it is
+      return self._bind(eqn, invals)
     sub = functools.partial(self._sub, names=names)
     if name in ("jit", "pjit", "closed_call", "core_call"):
       inner = params.get("jaxpr", params.get("call_jaxpr"))
@@ -201,7 +203,7 @@ class _Walk:
       return fn(*invals)
     if name == "shard_map":
       return self._shard_map(eqn, invals, sub(params["jaxpr"], in_w))
-    if name.startswith("custom_") and products.products_in(eqn):
+    if name.startswith("custom_"):
       return self._custom(eqn, invals, names)
     return self._bind(eqn, invals)
 
