@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import fp8, state as state_lib
+from mxjax import block_dot, fp8, state as state_lib
 from mxjax.dot import dot_general as mx_dot_general
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize_2x
@@ -152,7 +152,7 @@ _attach.defvjp(_attach_fwd, _attach_bwd)
 
 def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
             held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None,
-            out_sharding=None):
+            out_sharding=None, rng=None):
   """`x . kernel` under `recipe`.
 
   Args:
@@ -169,6 +169,8 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
       fix their own).
     out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
       (needed where the contraction is sharded).
+    rng: a JAX key for recipes with stochastic rounding (`recipe.needs_rng()`): Flax's
+      "mx" rng stream; None elsewhere.
 
   Returns:
     (y [..., N] of `dtype`, state after the forward (input / kernel amaxes recorded)).
@@ -183,6 +185,13 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
       kernel = (kernel[0] if isinstance(kernel, tuple) else kernel).dequantize(x.dtype)
     y = lax.dot_general(x, kernel, dims, precision=precision, preferred_element_type=dtype,
                         out_sharding=out_sharding)
+  elif recipe.block_roles() is not None:
+    if quantized:
+      raise ValueError(f"{where}: a kernel stored quantized (quantized_model_init) cannot "
+                       f"run {recipe}; initialize it in high precision")
+    y = block_dot.dot_general(x, kernel, dims, recipe.block_roles(), rng=rng, where=where,
+                              recipe_name=type(recipe).__name__,
+                              preferred_element_type=dtype, out_sharding=out_sharding)
   elif recipe.mx():
     y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,
