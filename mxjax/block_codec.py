@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mxjax import formats, xla_codec
+from mxjax import formats, reference, xla_codec
 from mxjax.block_format import BlockFormat
 from mxjax.xla_codec import _ABS, _FRAC, _HIDDEN, _INF, _QNAN, _I32, _U32, _u32
 
@@ -48,8 +48,14 @@ def _mul(a, b):
   return _renorm(a[0] * b[0], a[1] + b[1])
 
 
+def _sig(a):
+  return lax.bitcast_convert_type(a[0], _U32) & _FRAC | _HIDDEN
+
+
 def _div(a, b):
-  return _renorm(a[0] / b[0], a[1] - b[1])
+  """Correctly rounded (XLA may rewrite a float division as a reciprocal multiply)."""
+  q, e = reference.f32_divide((_sig(a), a[1] - 23), (_sig(b), b[1] - 23))
+  return lax.bitcast_convert_type(_U32(_ONE) | (q & _FRAC), jnp.float32), e + 23
 
 
 def _const(v: float):

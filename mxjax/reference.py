@@ -340,7 +340,10 @@ def _normalize(sig, exp2):
 
 
 def _f32_op(a, b, op):
-  """RNE-to-24-bits `op` (jnp.multiply / jnp.divide) of normalized nonzero values."""
+  """RNE-to-24-bits `op` (jnp.multiply, or jnp.divide: `f32_divide`) of normalized
+  values."""
+  if op is jnp.divide:
+    return f32_divide(a, b)
   unit = lambda s: lax.bitcast_convert_type(_U32(127 << 23) | (s & 0x7FFFFF), jnp.float32)  # noqa: E731
   r = lax.bitcast_convert_type(op(unit(a[0]), unit(b[0])), _U32)  # in [0.5, 4): normal
   e = jnp.right_shift(r, _U32(23)).astype(_I32) - 127
@@ -348,6 +351,30 @@ def _f32_op(a, b, op):
   zero = (a[0] == 0) | (b[0] == 0)
   return (jnp.where(zero, _U32(0), (r & 0x7FFFFF) | 0x800000),
           jnp.where(zero, 0, e + exp2).astype(_I32))
+
+
+def f32_divide(a, b):
+  """a / b of normalized (sig, exp2) values (b nonzero), rounded half to even to 24 bits,
+  by integer long division (XLA may turn a float division into a reciprocal multiply)."""
+  a_sig, b_sig = a[0].astype(_U32), b[0].astype(_U32)
+  small = a_sig < b_sig
+  r = jnp.where(small, jnp.left_shift(a_sig, _U32(1)), a_sig) - b_sig  # first bit is 1
+
+  def step(_, carry):
+    r, q = carry
+    r = jnp.left_shift(r, _U32(1))
+    bit = r >= b_sig
+    return jnp.where(bit, r - b_sig, r), jnp.left_shift(q, _U32(1)) | bit.astype(_U32)
+
+  r, q = lax.fori_loop(0, 23, step, (r, jnp.ones_like(r)))
+  twice = jnp.left_shift(r, _U32(1))
+  q = q + ((twice > b_sig) | ((twice == b_sig) & ((q & 1) == 1))).astype(_U32)
+  exp2 = a[1] - b[1] - 23 - small.astype(_I32)
+  carry = q >= (1 << 24)
+  q = jnp.where(carry, _U32(1 << 23), q)
+  exp2 = exp2 + carry.astype(_I32)
+  zero = a_sig == 0
+  return jnp.where(zero, _U32(0), q), jnp.where(zero, 0, exp2).astype(_I32)
 
 
 def _const(v: float):
