@@ -52,6 +52,11 @@ def _format(value, field: str) -> Format:
   raise ValueError(f"{field} must be one of {list(Format.__members__)}, got {value!r}")
 
 
+#: Fields of the MX recipes that `str` shows only away from their defaults.
+_SWITCHES = frozenset({"stochastic_rounding", "random_hadamard_transform", "hadamard_size",
+                       "rht_seed", "enable_2d_quantization"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   """Base of all recipes: predicates that say which kind of recipe this is."""
@@ -105,6 +110,8 @@ class Recipe:
     parts = [f"recipe_type={type(self).__name__}"]
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if f.name in _SWITCHES and value == f.default:  # shown only when switched on
+        continue
       name = "format" if f.name in ("fp8_format", "fp6_format") else f.name
       parts.append(f"{name}={value.name if isinstance(value, Format) else value}")
     return ", ".join(parts)
