@@ -108,6 +108,14 @@ FORMATS: dict[str, SweepFormat] = {f.name: f for f in (
     SweepFormat("nvfp4", "block", "e2m1", lambda b, s: NVFP4BlockScaling(),
                 "NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale, 16x16 weights, "
                 "SR grads, RHT wgrad", ("nvfp4_e2m1",)),
+    SweepFormat("nvfp4_no_sr", "block", "e2m1",
+                lambda b, s: NVFP4BlockScaling(disable_stochastic_rounding=True),
+                "NVFP4, gradients rounded to nearest (ablation)"),
+    SweepFormat("nvfp4_no_rht", "block", "e2m1", lambda b, s: NVFP4BlockScaling(disable_rht=True),
+                "NVFP4 without the RHT (ablation)"),
+    SweepFormat("nvfp4_1d", "block", "e2m1",
+                lambda b, s: NVFP4BlockScaling(disable_2d_quantization=True),
+                "NVFP4, 1x16 weight blocks (ablation)"),
     SweepFormat("fp8_block", "block", "e4m3", lambda b, s: Float8BlockScaling(),
                 "FP8 blocks (DeepSeek-V3 / TE): E4M3, 1x128 acts+grads, 128x128 weights, "
                 "pow2 FP32 scales", ("float8_block", "fp8_blockwise")),
