@@ -154,3 +154,27 @@ def test_same_key_same_result_on_one_device_and_a_mesh():
   assert len(sharded[0].sharding.device_set) == 8
   np.testing.assert_array_equal(np.asarray(one[0]), np.asarray(sharded[0]))  # dgrad: N local
   np.testing.assert_allclose(np.asarray(one[1]), np.asarray(sharded[1]), rtol=1e-5, atol=1e-4)
+
+
+def test_stochastic_rounding_under_remat_and_scan():
+  """The bits depend on the key alone: remat recomputes the same gradient; a scan over
+  steps with per-step keys gives each step its own bits."""
+  roles = MXFP4BlockScaling(stochastic_rounding=True).block_roles()
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.standard_normal((32, 32)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((32, 16)), jnp.float32)
+
+  def loss(w, key):
+    return jnp.sum(block_dot.dot_general(x, w, DIMS, roles, rng=key) ** 2)
+
+  key = jax.random.key(11)
+  plain = jax.jit(jax.grad(loss))(w, key)
+  remat = jax.jit(jax.grad(jax.checkpoint(loss)))(w, key)
+  np.testing.assert_array_equal(plain, remat)
+
+  def step(carry, i):
+    return carry, jax.grad(loss)(w, jax.random.fold_in(key, i))
+
+  _, per_step = jax.jit(lambda: jax.lax.scan(step, 0, jnp.arange(2)))()
+  assert not np.array_equal(per_step[0], per_step[1])
+  np.testing.assert_array_equal(per_step[0], jax.jit(jax.grad(loss))(w, jax.random.fold_in(key, 0)))
