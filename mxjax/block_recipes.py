@@ -182,7 +182,10 @@ class Float8BlockScaling(_BlockRecipe):
 
   def block_roles(self) -> BlockRoles:
     scale = ScaleFormat.FP32 if self.use_f32_scales else ScaleFormat.FP32_POW2
-    make = lambda elem, dim: BlockFormat(elem, scale, (128, 128) if dim == 2 else (1, 128))  # noqa: E731
+
+    def make(elem, dim):
+      return BlockFormat(elem, scale, (128, 128) if dim == 2 else (1, 128))
+
     return BlockRoles(make(self.fwd_format, self.x_block_scaling_dim),
                       make(self.fwd_format, self.w_block_scaling_dim),
                       make(self.bwd_format, self.grad_block_scaling_dim))

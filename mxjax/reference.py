@@ -341,13 +341,17 @@ def _normalize(sig, exp2):
 
 def _f32_op(a, b, op):
   """RNE-to-24-bits `op` (jnp.multiply, or jnp.divide: `f32_divide`) of normalized
-  values."""
+  values: the product of the two significands as f32s in [1, 2) is exact-rounded and
+  normal (no FTZ can touch it)."""
   if op is jnp.divide:
     return f32_divide(a, b)
-  unit = lambda s: lax.bitcast_convert_type(_U32(127 << 23) | (s & 0x7FFFFF), jnp.float32)  # noqa: E731
-  r = lax.bitcast_convert_type(op(unit(a[0]), unit(b[0])), _U32)  # in [0.5, 4): normal
+
+  def unit(s):
+    return lax.bitcast_convert_type(_U32(127 << 23) | (s & 0x7FFFFF), jnp.float32)
+
+  r = lax.bitcast_convert_type(unit(a[0]) * unit(b[0]), _U32)  # in [1, 4): normal
   e = jnp.right_shift(r, _U32(23)).astype(_I32) - 127
-  exp2 = a[1] + b[1] + 23 if op is jnp.multiply else a[1] - b[1] - 23
+  exp2 = a[1] + b[1] + 23
   zero = (a[0] == 0) | (b[0] == 0)
   return (jnp.where(zero, _U32(0), (r & 0x7FFFFF) | 0x800000),
           jnp.where(zero, 0, e + exp2).astype(_I32))

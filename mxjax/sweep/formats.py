@@ -66,7 +66,8 @@ class SweepFormat:
     if self.kind == "per_tensor":
       return functools.partial(baselines.fp8_per_tensor, fmt=self.weight_format)
     if self.kind == "block":
-      return functools.partial(_block_weight, bf=self.recipe(block_size, scale_mode).block_roles().w)
+      roles = self.recipe(block_size, scale_mode).block_roles()
+      return functools.partial(_block_weight, bf=roles.w)
     if self.kind == "weight_only":
       return baselines.int8_per_channel
     return None
