@@ -11,6 +11,7 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
   python benchmarks/quantize.py --shape 16384,16384 # on a GPU (issue goal: >= 80% of copy)
   python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
   python benchmarks/quantize.py --dtype float32     # f32 inputs (f32 dequantize / fake_quantize)
+  python benchmarks/quantize.py --block-formats     # NVFP4, FP8 blocks, 2-D MX (plain XLA)
 
 The kernels are timed in turn with a copy in every repetition. Each ratio is printed two
 ways: "B (median M)", B from each side's fastest run, M the median over the repetitions of
@@ -158,6 +159,41 @@ def bench_xla_path(fmts, shape, reps: int):
       print(f"{fmt:7} {op:6} {k * 1e3:9.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {j / k:7.2f}x")
 
 
+BLOCK_FORMATS = ("mxfp4", "nvfp4", "nvfp4_2d", "fp8_1x128", "fp8_128x128", "mxfp8_2d")
+
+
+def bench_block_formats(shape, reps: int):
+  """Prints the block-scaled formats' plain-XLA path (`mxjax.block_codec`; no FFI kernels
+  for them yet): rowwise quantize (1-D blocks along the last axis, or 2-D tiles), the same
+  with stochastic rounding (its bits drawn in the same program), and fake_quantize (the
+  GEMM's operand), each as a fraction of the parallel copy's bandwidth (bytes: the bf16
+  input + one byte per code, unpacked + the scales; fake_quantize: bf16 in, f32 out)."""
+  from mxjax import block_codec, block_format as bfmt  # noqa: PLC0415
+  x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+  n = int(np.prod(shape))
+  copy, copy_bytes = parallel_copy()
+  seed = jnp.asarray([1, 2], jnp.uint32)
+  print(f"\nblock-scaled formats, plain-XLA path: bf16 {shape}")
+  print(f"{'format':26} {'op':5} {'ms':>8} {'Gelem/s':>8} {'roofline':>18}")
+  for name in BLOCK_FORMATS:
+    bf = {"mxfp4": bfmt.mx("e2m1"), "nvfp4": bfmt.NVFP4, "nvfp4_2d": bfmt.NVFP4_2D,
+          "fp8_1x128": bfmt.FP8_1X128, "fp8_128x128": bfmt.FP8_128X128,
+          "mxfp8_2d": bfmt.MXFP8_2D}[name]
+    ops = {"row": jax.jit(lambda x, bf=bf: block_codec.quantize(x, bf, -1)),
+           "sr": jax.jit(lambda x, bf=bf: block_codec.quantize(
+               x, bf, -1, block_codec.random_bits(seed, x.shape))),
+           "fake": jax.jit(lambda x, bf=bf: block_codec.fake_quantize(x, bf, -1))}
+    t = interleaved_times({"copy": copy, **{k: functools.partial(f, x) for k, f in ops.items()}},
+                          reps=reps)
+    moved = {"row": n * 3 + n * bf.scale.bytes // bf.block_elements,
+             "fake": n * 6}
+    moved["sr"] = moved["row"]
+    for op in ops:
+      frac = ratio(t["copy"], t[op], moved[op] / copy_bytes)
+      print(f"{str(bf):26} {op:5} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
+            f"{frac:>18}")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="e4m3", help="comma-separated element formats")
@@ -167,6 +203,8 @@ def main(argv=None):
   parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
   parser.add_argument("--warm-allocator", action="store_true",
                       help="rerun with glibc keeping freed memory (CPU page-fault effect)")
+  parser.add_argument("--block-formats", action="store_true",
+                      help="only time the block-scaled formats' plain-XLA path")
   parser.add_argument("--xla-path", action="store_true",
                       help="only time the plain-XLA path against the jnp baseline")
   args = parser.parse_args(argv)
@@ -175,6 +213,9 @@ def main(argv=None):
   shape = tuple(int(s) for s in args.shape.split(","))
   if args.xla_path:
     bench_xla_path(args.formats.split(","), shape, args.reps)
+    return
+  if args.block_formats:
+    bench_block_formats(shape, args.reps)
     return
   n = int(np.prod(shape))
   info = _ffi.build_info()

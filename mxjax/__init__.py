@@ -13,6 +13,7 @@ from mxjax.ragged import ragged_dot
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
 from mxjax.recipes import MXBlockScaling
+from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report

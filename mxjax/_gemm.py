@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import fp8, products, state as state_lib
+from mxjax import block_dot, fp8, products, state as state_lib
 from mxjax.dot import dot_general as mx_dot_general
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize_2x
@@ -153,7 +153,7 @@ _attach.defvjp(_attach_fwd, _attach_bwd)
 
 def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeState,
             held_state=None, *, dtype, where: str, dimension_numbers=None, precision=None,
-            out_sharding=None, path: str | None = None):
+            out_sharding=None, rng=None, path: str | None = None):
   """`x . kernel` under `recipe`.
 
   Args:
@@ -170,6 +170,8 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
       fix their own).
     out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
       (needed where the contraction is sharded).
+    rng: a JAX key for recipes with stochastic rounding (`recipe.needs_rng()`): Flax's
+      "mx" rng stream; None elsewhere.
     path: the product's path, for `mxjax.coverage` (None: named by its scope).
 
   Returns:
@@ -192,7 +194,14 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
   elif path is not None:
     with products.label(path, "dot_general", recipe):
       return project(x, kernel, recipe, recipe_state, held_state, dtype=dtype, where=where,
-                     dimension_numbers=dimension_numbers, out_sharding=out_sharding)
+                     dimension_numbers=dimension_numbers, out_sharding=out_sharding, rng=rng)
+  elif recipe.block_roles() is not None:
+    if quantized:
+      raise ValueError(f"{where}: a kernel stored quantized (quantized_model_init) cannot "
+                       f"run {recipe}; initialize it in high precision")
+    y = block_dot.dot_general(x, kernel, dims, recipe.block_roles(), rng=rng, where=where,
+                              recipe_name=type(recipe).__name__,
+                              preferred_element_type=dtype, out_sharding=out_sharding)
   elif recipe.mx():
     y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
                        bwd_format=recipe.bwd_format, block_size=recipe.block_size,

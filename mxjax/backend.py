@@ -145,6 +145,9 @@ def backend_info(device: jax.Device | None = None) -> dict:
   dtype = cpu_operand_dtype().name if platform == "cpu" else "bfloat16"
   ops["dot_general"] = (f"quantize_2x + dequantize, or fake_quantize with no backward "
                         f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)}")
+  ops["block_scaled"] = ("plain XLA on every platform (mxjax.block_codec / block_dot: "
+                         "NVFP4, FP8 blocks, 2-D MX tiles, stochastic rounding, RHT; no FFI "
+                         "kernels yet), f32 products")
   return {"build": build, "kernels": get_kernels(), "device": str(device.device_kind),
           "platform": platform, "compute_capability": getattr(device, "compute_capability", None),
           "ops": ops}

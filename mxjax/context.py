@@ -59,7 +59,7 @@ def _check_recipe(recipe, what: str) -> Recipe:
   if not isinstance(recipe, Recipe):
     raise TypeError(f"{what} needs an mxjax recipe (e.g. MXFP8BlockScaling()), got "
                     f"{type(recipe).__name__}")
-  if not (recipe.mx() or recipe.fp8()):  # the GEMMs have a path for these kinds only
+  if not (recipe.mx() or recipe.fp8() or recipe.block_scaling()):  # kinds with a GEMM path
     raise TypeError(f"{what} needs an MX or per-tensor FP8 recipe (e.g. "
                     f"MXFP8BlockScaling()), got {type(recipe).__name__}")
   return recipe
@@ -139,9 +139,9 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
   value = None
   if _check_enabled(enabled, "quantized_model_init"):
     recipe = _check_recipe(recipe, "quantized_model_init")
-    if not recipe.mx():
-      raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs an MX "
-                       f"recipe; got {recipe}")
+    if not recipe.mx() or recipe.block_roles() is not None:
+      raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs a plain "
+                       f"MX recipe (no 2-D weights, stochastic rounding or RHT); got {recipe}")
     value = QuantizedInit(recipe, bool(columnwise))
   with _QUANTIZED_INIT(value):
     yield

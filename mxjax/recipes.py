@@ -52,6 +52,11 @@ def _format(value, field: str) -> Format:
   raise ValueError(f"{field} must be one of {list(Format.__members__)}, got {value!r}")
 
 
+#: Fields of the MX recipes that `str` shows only away from their defaults.
+_SWITCHES = frozenset({"stochastic_rounding", "random_hadamard_transform", "hadamard_size",
+                       "rht_seed", "enable_2d_quantization"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   """Base of all recipes: predicates that say which kind of recipe this is."""
@@ -76,6 +81,17 @@ class Recipe:
   def block_scaling(self) -> bool:
     return self.mx()
 
+  def block_roles(self):
+    """The per-role block formats (`mxjax.block_recipes.BlockRoles`) when the GEMMs run
+    `mxjax.block_dot` (NVFP4, FP8 blocks, MX with 2-D weights / SR / RHT); None when
+    they run `mxjax.dot` (plain MX) or another path."""
+    return None
+
+  def needs_rng(self) -> bool:
+    """Whether the GEMMs' backward draws random bits (stochastic rounding): the model
+    then needs a key (Flax's "mx" rng stream, or `rng=`)."""
+    return False
+
   def fp8(self) -> bool:
     """Per-tensor-scaled FP8 (delayed or current scaling)."""
     return isinstance(self, (DelayedScaling, Float8CurrentScaling))
@@ -94,6 +110,8 @@ class Recipe:
     parts = [f"recipe_type={type(self).__name__}"]
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if f.name in _SWITCHES and value == f.default:  # shown only when switched on
+        continue
       name = "format" if f.name in ("fp8_format", "fp6_format") else f.name
       parts.append(f"{name}={value.name if isinstance(value, Format) else value}")
     return ", ".join(parts)
@@ -108,6 +126,20 @@ class _MXRecipe(Recipe):
     for name in (self.fwd_format, self.bwd_format):
       formats.check_block_size(self.block_size, formats.element_format(name))
     object.__setattr__(self, "scale_mode", formats.scale_mode(self.scale_mode).value)
+    from mxjax import block_recipes  # noqa: PLC0415 (imports this module)
+    block_recipes.check_switches(self)
+    self.block_roles()
+
+  def block_roles(self):
+    """None for plain MX; the roles (`block_recipes.mx_roles`) when a switch is on."""
+    two_d = getattr(self, "enable_2d_quantization", False)
+    if not (two_d or self.stochastic_rounding or self.random_hadamard_transform):
+      return None
+    from mxjax import block_recipes  # noqa: PLC0415
+    return block_recipes.mx_roles(self, two_d)
+
+  def needs_rng(self) -> bool:
+    return self.stochastic_rounding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +152,12 @@ class MXFP8BlockScaling(_MXRecipe):
     fp8_dpa, fp8_mha: FP8 attention; not supported (must be False).
     block_size: 16, 32 or 64 elements per E8M0 scale.
     scale_mode: "rceil" (default) or "floor".
+    enable_2d_quantization: weights in block_size x block_size E8M0 tiles (32x32 by
+      default, TE 2.19): one quantized weight serves the forward and the dgrad.
+    stochastic_rounding: round the gradients' elements stochastically (needs a key:
+      Flax's "mx" rng stream); the GEMMs then run `mxjax.block_dot`.
+    random_hadamard_transform: a block random Hadamard transform (`hadamard_size`, signs
+      from `rht_seed`, fixed per GEMM) along the tokens on both wgrad operands.
   """
 
   margin: int = 0
@@ -128,6 +166,11 @@ class MXFP8BlockScaling(_MXRecipe):
   fp8_mha: bool = False
   block_size: int = formats.DEFAULT_BLOCK_SIZE
   scale_mode: str = "rceil"
+  enable_2d_quantization: bool = False
+  stochastic_rounding: bool = False
+  random_hadamard_transform: bool = False
+  hadamard_size: int = 16
+  rht_seed: int = 0
 
   def __post_init__(self):
     fmt = _format(self.fp8_format, "fp8_format")
@@ -183,6 +226,10 @@ class MXBlockScaling(_MXRecipe):
   bwd_format: str
   block_size: int = formats.DEFAULT_BLOCK_SIZE
   scale_mode: str = "rceil"
+  stochastic_rounding: bool = False
+  random_hadamard_transform: bool = False
+  hadamard_size: int = 16
+  rht_seed: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "fwd_format", _element_format_name(self.fwd_format, "fwd_format"))
@@ -214,6 +261,10 @@ class MXFP6BlockScaling(_MXRecipe):
   bwd_format: str | None = None
   block_size: int = formats.DEFAULT_BLOCK_SIZE
   scale_mode: str = "rceil"
+  stochastic_rounding: bool = False
+  random_hadamard_transform: bool = False
+  hadamard_size: int = 16
+  rht_seed: int = 0
 
   def __post_init__(self):
     fmt = _format(self.fp6_format, "fp6_format")
@@ -236,11 +287,20 @@ class MXFP4BlockScaling(_MXRecipe):
   Attributes:
     bwd_format: the gradients' element format; None means E2M1. Stored as a name.
     block_size, scale_mode: as in MXFP8BlockScaling.
+    stochastic_rounding: round the gradients' elements stochastically (needs a key:
+      Flax's "mx" rng stream); the GEMMs then run `mxjax.block_dot`.
+    random_hadamard_transform: a block random Hadamard transform (`hadamard_size`, signs
+      from `rht_seed`, fixed per GEMM) along the tokens on both wgrad operands.
+    hadamard_size, rht_seed: the transform's block (a power of two) and signs' seed.
   """
 
   bwd_format: str | None = None
   block_size: int = formats.DEFAULT_BLOCK_SIZE
   scale_mode: str = "rceil"
+  stochastic_rounding: bool = False
+  random_hadamard_transform: bool = False
+  hadamard_size: int = 16
+  rht_seed: int = 0
 
   def __post_init__(self):
     bwd = "e2m1" if self.bwd_format is None else _element_name(self.bwd_format, "bwd_format")

@@ -320,6 +320,250 @@ def dequantize(data, scales, format="e4m3", *, axis: int = -1, block_size: int =
   return _decode(data, scales, fmt.name, axis, int(block_size), n, jnp.dtype(dtype))
 
 
+# ---------------------------------------------------------------------------------------
+# Block-scaled formats (mxjax.block_format): any element x E8M0 / E4M3 / FP32 scale x 1-D
+# or 2-D blocks x an optional FP32 tensor scale (NVFP4, DeepSeek FP8 blocks, 2-D MX).
+#
+# A nonzero magnitude is `sig * 2**exp` with sig in [2**23, 2**24) ("normalized"); the f32
+# products and quotients the rules name (TE's NVFP4 / FP8-block math) are rounded to 24
+# bits, RNE, with an unbounded exponent, so no platform's FTZ can change them.
+
+_F32_MAX_BITS = 0x7F7FFFFF
+
+
+def _normalize(sig, exp2):
+  """(sig, exp2) -> the same value with sig in [2**23, 2**24) (0 stays 0)."""
+  sig = sig.astype(_U32)
+  sh = 23 - floor_log2(sig)
+  out = jnp.where(sh >= 0, jnp.left_shift(sig, sh.clip(0, 31).astype(_U32)),
+                  jnp.right_shift(sig, (-sh).clip(0, 31).astype(_U32)))
+  return jnp.where(sig == 0, _U32(0), out), jnp.where(sig == 0, 0, exp2 - sh).astype(_I32)
+
+
+def _f32_op(a, b, op):
+  """RNE-to-24-bits `op` (jnp.multiply, or jnp.divide: `f32_divide`) of normalized
+  values: the product of the two significands as f32s in [1, 2) is exact-rounded and
+  normal (no FTZ can touch it)."""
+  if op is jnp.divide:
+    return f32_divide(a, b)
+
+  def unit(s):
+    return lax.bitcast_convert_type(_U32(127 << 23) | (s & 0x7FFFFF), jnp.float32)
+
+  r = lax.bitcast_convert_type(unit(a[0]) * unit(b[0]), _U32)  # in [1, 4): normal
+  e = jnp.right_shift(r, _U32(23)).astype(_I32) - 127
+  exp2 = a[1] + b[1] + 23
+  zero = (a[0] == 0) | (b[0] == 0)
+  return (jnp.where(zero, _U32(0), (r & 0x7FFFFF) | 0x800000),
+          jnp.where(zero, 0, e + exp2).astype(_I32))
+
+
+def f32_divide(a, b):
+  """a / b of normalized (sig, exp2) values (b nonzero), rounded half to even to 24 bits,
+  by integer long division (XLA may turn a float division into a reciprocal multiply)."""
+  a_sig, b_sig = a[0].astype(_U32), b[0].astype(_U32)
+  small = a_sig < b_sig
+  r = jnp.where(small, jnp.left_shift(a_sig, _U32(1)), a_sig) - b_sig  # first bit is 1
+
+  def step(_, carry):
+    r, q = carry
+    r = jnp.left_shift(r, _U32(1))
+    bit = r >= b_sig
+    return jnp.where(bit, r - b_sig, r), jnp.left_shift(q, _U32(1)) | bit.astype(_U32)
+
+  r, q = lax.fori_loop(0, 23, step, (r, jnp.ones_like(r)))
+  twice = jnp.left_shift(r, _U32(1))
+  q = q + ((twice > b_sig) | ((twice == b_sig) & ((q & 1) == 1))).astype(_U32)
+  exp2 = a[1] - b[1] - 23 - small.astype(_I32)
+  carry = q >= (1 << 24)
+  q = jnp.where(carry, _U32(1 << 23), q)
+  exp2 = exp2 + carry.astype(_I32)
+  zero = a_sig == 0
+  return jnp.where(zero, _U32(0), q), jnp.where(zero, 0, exp2).astype(_I32)
+
+
+def _const(v: float):
+  """A positive float (exact in f32) as a normalized (sig, exp2) of scalars."""
+  m, e = math.frexp(v)
+  return jnp.uint32(int(m * 2 ** 24)), jnp.int32(e - 24)
+
+
+def _f32_of(sig, exp2):
+  """f32 bits of a normalized value: RNE with subnormals, overflow -> Inf."""
+  return jnp.minimum(round_to_grid(sig, exp2, -126, 23), _U32(_F32_INF))
+
+
+def round_to_grid_sr(sig, exp2, emin: int, man_bits: int, rand) -> jax.Array:
+  """`round_to_grid` with stochastic rounding: up with probability rem / quantum, from
+  the uint32 random bits `rand` (up iff rand < rem * 2**32 / quantum)."""
+  sig, exp2 = sig.astype(_U32), exp2.astype(_I32)
+  ev = jnp.maximum(floor_log2(sig) + exp2, emin)
+  shift = ev - man_bits - exp2
+  right = jnp.clip(shift, 0, 31).astype(_U32)
+  kept = jnp.where(shift > 31, _U32(0), jnp.right_shift(sig, right))
+  rem = jnp.where(shift > 31, sig, sig - jnp.left_shift(kept, right))
+  # rem * 2**(32 - shift): exact for shift <= 32; for larger shifts rem >> (shift - 32).
+  t = jnp.where(shift <= 32, jnp.left_shift(rem, jnp.clip(32 - shift, 0, 31).astype(_U32)),
+                jnp.right_shift(rem, jnp.clip(shift - 32, 0, 31).astype(_U32)))
+  t = jnp.where((shift == 0) | (shift == 32), jnp.where(shift == 0, _U32(0), rem), t)
+  up = (shift > 0) & (rand.astype(_U32) < t)
+  n = jnp.where(shift < 0, jnp.left_shift(sig, jnp.clip(-shift, 0, 31).astype(_U32)),
+                kept + up.astype(_U32))
+  code = jnp.left_shift((ev - emin).astype(_U32), _U32(man_bits)) + n
+  return jnp.where(sig == 0, _U32(0), code)
+
+
+def _tiles(a, block, axis):
+  """[..., n at axis, ...] (1-D) or [..., R, C] (2-D) -> [..., nr, nc, rows*cols], padded
+  with zeros."""
+  if block[0] == 1:
+    a = jnp.moveaxis(a, axis, -1)[..., None, :]
+  r, c = a.shape[-2:]
+  nr, nc = -(-r // block[0]), -(-c // block[1])
+  a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, nr * block[0] - r), (0, nc * block[1] - c)])
+  a = a.reshape(*a.shape[:-2], nr, block[0], nc, block[1])
+  a = jnp.swapaxes(a, -3, -2)
+  return a.reshape(*a.shape[:-2], block[0] * block[1])
+
+
+def _untiles(t, block, shape, axis):
+  """Inverse of `_tiles` for an array of logical `shape`."""
+  lead = t.shape[:-3]
+  nr, nc = t.shape[-3:-1]
+  t = jnp.swapaxes(t.reshape(*lead, nr, nc, *block), -3, -2)
+  t = t.reshape(*lead, nr * block[0], nc * block[1])
+  if block[0] == 1:
+    n = shape[axis]
+    return jnp.moveaxis(t[..., 0, :n], -1, axis)
+  return t[..., :shape[-2], :shape[-1]]
+
+
+def _scale_layout(s, block, axis):
+  """Per-block array [..., nr, nc] -> the scales' layout (1-D: along `axis`)."""
+  return jnp.moveaxis(s[..., 0, :], -1, axis) if block[0] == 1 else s
+
+
+def _scale_tiles(s, block, axis):
+  return jnp.moveaxis(s, axis, -1)[..., None, :] if block[0] == 1 else s
+
+
+def _e4m3_value(code):
+  """Normalized (sig, exp2) of unsigned E4M3 codes (no NaN)."""
+  ef = jnp.right_shift(code, _U32(3))
+  man = code & 7
+  return _normalize(jnp.where(ef > 0, man | 8, man), jnp.maximum(ef.astype(_I32), 1) - 10)
+
+
+def tensor_scale(x, bf) -> jax.Array:
+  """The FP32 tensor (encode) scale of x, f32 bits (uint32 scalar): elem_max * 448 /
+  amax over x's finite elements, at most FLT_MAX; 1.0 where that amax is 0."""
+  fmt = formats.element_format(bf.element)
+  mag = to_f32_bits(x) & _F32_ABS
+  amax = jnp.max(jnp.where(mag < _F32_INF, mag, _U32(0)), initial=_U32(0))
+  s = _f32_op(_const(fmt.max * 448.0), _normalize(*f32_sig_exp(amax)), jnp.divide)
+  bits = jnp.minimum(_f32_of(*s), _U32(_F32_MAX_BITS))
+  return jnp.where(amax == 0, _U32(0x3F800000), bits)
+
+
+def block_quantize(x, bf, *, axis: int = -1, rand=None, tensor_scale_bits=None):
+  """Quantizes x (bf16 / f16 / f32) to the block format `bf` (`mxjax.block_format`).
+
+  1-D blocks run along `axis`; 2-D tiles cover the last two axes. Per block (amax: the
+  largest magnitude; S: the tensor scale, 1 without one):
+    E8M0       d = 2**e (`shared_exponent`), m = 2**-e
+    E4M3       d = e4m3(amax / elem_max * S) (RNE, saturated to 448), m = S / d
+    FP32       m = elem_max / amax (FP32_POW2: rounded down to a power of two; 1 where
+               amax is 0; at most FLT_MAX), d = f32(1 / m)
+  and each element's code is the element grid's rounding of x * m (RNE, or stochastic
+  with the uint32 `rand` of x's shape), saturated to +-max. A block holding NaN / Inf has
+  zero codes and a NaN scale (0xFF, 0x7F, f32 NaN).
+
+  Returns:
+    (codes uint8 of x's shape, scales: uint8 (E8M0 / E4M3 bytes) or uint32 (f32 bits) of
+    x's shape with ceil(n / b) along axis (1-D) or [..., ceil(R/b), ceil(C/b)] (2-D),
+    tensor scale: f32 bits (uint32 scalar), or None without one).
+  """
+  fmt = formats.element_format(bf.element)
+  axis = axis % x.ndim
+  bits = to_f32_bits(x)
+  ts = None
+  if bf.tensor_scale:
+    ts = tensor_scale(x, bf) if tensor_scale_bits is None else tensor_scale_bits
+  s_enc = _normalize(*f32_sig_exp(ts)) if ts is not None else _const(1.0)
+  blk = _tiles(bits, bf.block, axis)
+  amax = jnp.max(blk & _F32_ABS, axis=-1)
+  special = amax >= _F32_INF
+  amax = jnp.where(special, _U32(0), amax)
+  amax_n = _normalize(*f32_sig_exp(amax))
+  kind = bf.scale.value
+  if kind == "e8m0":
+    e = shared_exponent(amax, fmt, bf.scale_mode)
+    m = (jnp.full(e.shape, 0x800000, _U32), -e - 23)
+    stored = (e + formats.E8M0_BIAS).astype(_U32)
+    nan_code = formats.E8M0_NAN
+  elif kind == "e4m3":
+    t = _f32_op(amax_n, _const(fmt.max), jnp.divide)
+    t = _f32_op(t, s_enc, jnp.multiply)
+    stored = jnp.minimum(round_to_grid(*t, -6, 3), _U32(0x7E))
+    d = _e4m3_value(stored)
+    m = _f32_op((jnp.broadcast_to(s_enc[0], d[0].shape), s_enc[1]), d, jnp.divide)
+    m = (jnp.where(d[0] == 0, _U32(0), m[0]), m[1])
+    nan_code = 0x7F
+  else:
+    m = _f32_op(_const(fmt.max), amax_n, jnp.divide)
+    m = (jnp.where(amax == 0, _U32(0x800000), m[0]), jnp.where(amax == 0, -23, m[1]))
+    if kind == "fp32_pow2":
+      m = (jnp.full(m[0].shape, 0x800000, _U32), jnp.minimum(m[1], 127 - 23))
+    else:  # at most FLT_MAX
+      over = m[1] > 127 - 23
+      m = (jnp.where(over, _U32(0xFFFFFF), m[0]), jnp.where(over, 104, m[1]))
+    stored = _f32_of(*_f32_op(_const(1.0), m, jnp.divide))
+    nan_code = _F32_QNAN
+  v = _f32_op(_normalize(*f32_sig_exp(blk & _F32_ABS)),
+              (m[0][..., None], m[1][..., None]), jnp.multiply)
+  if rand is None:
+    mag = round_to_grid(*v, fmt.emin, fmt.man_bits)
+  else:
+    mag = round_to_grid_sr(*v, fmt.emin, fmt.man_bits, _tiles(rand, bf.block, axis))
+  mag = jnp.minimum(mag, _U32(fmt.max_code))
+  codes = (mag | jnp.left_shift(jnp.right_shift(blk, _U32(31)), _U32(fmt.bits - 1)))
+  codes = jnp.where(special[..., None], _U32(0), codes)
+  scales = jnp.where(special, _U32(nan_code), stored)
+  scales = scales if kind.startswith("fp32") else scales.astype(jnp.uint8)
+  return (_untiles(codes, bf.block, x.shape, axis).astype(jnp.uint8),
+          _scale_layout(scales, bf.block, axis), ts)
+
+
+def block_dequantize(codes, scales, tensor_scale_bits, bf, *, axis: int = -1,
+                     apply_tensor_scale: bool = True) -> jax.Array:
+  """Decodes `block_quantize`'s output to f32: `code * d` (RNE to 24 bits), divided by the
+  tensor scale where there is one (and `apply_tensor_scale`), rounded once to f32
+  (subnormals kept, overflow -> Inf); NaN where the block's scale is NaN."""
+  fmt = formats.element_format(bf.element)
+  axis = axis % codes.ndim
+  c = _tiles(codes.astype(_U32), bf.block, axis)
+  s = _scale_tiles(scales, bf.block, axis).astype(_U32)
+  mag = c & ((1 << (fmt.bits - 1)) - 1)
+  ef = jnp.right_shift(mag, _U32(fmt.man_bits))
+  man = mag & ((1 << fmt.man_bits) - 1)
+  q = _normalize(jnp.where(ef > 0, man | (1 << fmt.man_bits), man),
+                 jnp.maximum(ef.astype(_I32), 1) - fmt.bias - fmt.man_bits)
+  kind = bf.scale.value
+  if kind == "e8m0":
+    d = (jnp.full(s.shape, 0x800000, _U32), s.astype(_I32) - formats.E8M0_BIAS - 23)
+    nan = s == formats.E8M0_NAN
+  elif kind == "e4m3":
+    d, nan = _e4m3_value(s), s == 0x7F
+  else:
+    d, nan = _normalize(*f32_sig_exp(s)), (s & _F32_ABS) > _F32_INF
+  v = _f32_op(q, (d[0][..., None], d[1][..., None]), jnp.multiply)
+  if bf.tensor_scale and apply_tensor_scale:
+    v = _f32_op(v, _normalize(*f32_sig_exp(tensor_scale_bits)), jnp.divide)
+  out = _f32_of(*v) | jnp.left_shift(jnp.right_shift(c, _U32(fmt.bits - 1)), _U32(31))
+  out = jnp.where(nan[..., None], _U32(_F32_QNAN), out)
+  return lax.bitcast_convert_type(_untiles(out, bf.block, codes.shape, axis), jnp.float32)
+
+
 def group_quantized(x, format, group_sizes, *, block_size: int = 32,
                     scale_mode="rceil") -> jax.Array:
   """x [M, C] quantized along M group by group and dequantized to f32: the operands of a

@@ -41,7 +41,13 @@ def test_format_names_and_storage():
   assert bpp == {"bf16": 2.0, "mxfp8_e4m3": 1 + 1 / 32, "mxfp8_e5m2": 1 + 1 / 32,
                  "mxfp8_hybrid": 1 + 1 / 32, "mxfp6_e3m2": 0.75 + 1 / 32,
                  "mxfp6_e2m3": 0.75 + 1 / 32, "mxfp4_e2m1": 0.5 + 1 / 32,
-                 "fp8_delayed": 1.0, "fp8_current": 1.0, "int8_weight": 1.0}
+                 "fp8_delayed": 1.0, "fp8_current": 1.0, "int8_weight": 1.0,
+                 # block-scaled rows: the weight role's elements + scale bytes per block
+                 "nvfp4": 0.5 + 1 / 256, "nvfp4_no_sr": 0.5 + 1 / 256,
+                 "nvfp4_no_rht": 0.5 + 1 / 256, "nvfp4_1d": 0.5 + 1 / 16,
+                 "fp8_block": 1 + 4 / 128 ** 2, "mxfp4_sr": 0.5 + 1 / 32,
+                 "mxfp4_rht": 0.5 + 1 / 32, "mxfp4_sr_rht": 0.5 + 1 / 32,
+                 "mxfp8_2d": 1 + 1 / 32 ** 2}
   assert formats.FORMATS["mxfp4_e2m1"].bytes_per_param(16) == 0.5 + 1 / 16
   assert formats.FORMATS["bf16"].recipe() is None
   assert formats.FORMATS["int8_weight"].recipe() is None
@@ -425,3 +431,15 @@ def test_cli_rejects_bad_flags_in_one_line(tmp_path, capsys, flags, message):
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("mxjax-sweep: error: ") and message in err
   assert not list(tmp_path.rglob("results.json"))
+
+
+def test_runner_feeds_stochastic_rounding_a_key_per_step(tiny):
+  """A row with stochastic rounding trains (the 'mx' stream gets a key per step) and the
+  seed fixes its bits: two runs of the same treatment give the same curve."""
+  lm, params = tiny
+  row = formats.FORMATS["mxfp4_sr"]
+  runner = train.Runner(lm, train.TrainConfig(steps=3), train.Treatment.for_gemms(row), 32)
+  assert runner.needs_rng
+  _, _, a = runner.train(params, _batches(3), progress=False)
+  _, _, b = runner.train(params, _batches(3), progress=False)
+  assert all(math.isfinite(v) for v in a.curve) and a.curve == b.curve

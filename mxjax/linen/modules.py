@@ -272,6 +272,8 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
   gemm = dict(dtype=dtype, where=where, dimension_numbers=dimension_numbers,
               precision=precision, out_sharding=out_sharding,
               path=layer_path(module) if path is None else path)
+  if recipe is not None and recipe.needs_rng() and module.has_rng("mx"):
+    gemm["rng"] = module.make_rng("mx")  # Flax's rng-stream convention (as Dropout's)
   if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
     return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
   can_write = module.is_mutable_collection(collection)

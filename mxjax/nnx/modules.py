@@ -78,7 +78,8 @@ class Linear(nnx.Module):
     recipe: None means the autocast recipe (none: high precision), or, once
       `mxjax.nnx.quantize` has given the layer a rule (`rule_recipe`), the rule's recipe
       under an enabled autocast.
-    rngs: `nnx.Rngs` for the initializers.
+    rngs: `nnx.Rngs` for the initializers; its "mx" stream, where it has one, gives the
+      keys of stochastic rounding (`recipe.needs_rng()`), a new one per call.
   """
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
@@ -94,6 +95,7 @@ class Linear(nnx.Module):
     self.dtype, self.param_dtype, self.precision = dtype, param_dtype, precision
     self.preferred_element_type, self.promote_dtype = preferred_element_type, promote_dtype
     self.recipe, self.rule_recipe = recipe, AUTOCAST
+    self.mx_rngs = rngs["mx"] if "mx" in rngs else None  # stochastic rounding's keys
     w = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
     qinit = context.get_quantized_init()
     if qinit is not None:
@@ -135,10 +137,12 @@ class Linear(nnx.Module):
                        else (stored, False))
     run_state, replaced = _gemm.reconcile_state(start, recipe, where, can_write=True)
     held = start if run_state is not start else None
+    rng = (self.mx_rngs() if recipe is not None and recipe.needs_rng()
+           and getattr(self, "mx_rngs", None) is not None else None)
     y, forward_state = _gemm.project(x, kernel, recipe, run_state, held,
                                      dtype=self.preferred_element_type or dtype, where=where,
                                      precision=self.precision,
-                                     out_sharding=out_sharding)
+                                     out_sharding=out_sharding, rng=rng)
     if repeated:
       forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
     if in_transform and jax.tree.leaves(forward_state):

@@ -21,6 +21,12 @@ Formats (any spelling: the MX evaluation harnesses' fp8_e4m3, mxjax's e4m3, mxfp
   mxfp8_hybrid                MXFP8 E4M3 forward, E5M2 gradients
   mxfp6_e3m2 mxfp6_e2m3       MXFP6
   mxfp4_e2m1                  MXFP4
+  nvfp4                       NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale,
+                              16x16 weights, SR gradients, RHT on the wgrad operands
+  nvfp4_no_sr nvfp4_no_rht nvfp4_1d   NVFP4 with one of its three knobs off (ablations)
+  mxfp4_sr mxfp4_rht mxfp4_sr_rht     MXFP4 + stochastic rounding and / or RHT
+  fp8_block                   DeepSeek-V3 FP8 (TE Float8BlockScaling): 1x128 / 128x128, pow2
+  mxfp8_2d                    MXFP8 E4M3 with 32x32 weight tiles
   fp8_delayed fp8_current     per-tensor FP8 (DelayedScaling, Float8CurrentScaling; HYBRID)
   int8_weight                 INT8 weights, one scale per output channel, bf16 GEMMs
 Rows show the canonical (first) name; results.json also records the name given.

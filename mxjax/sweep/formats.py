@@ -5,6 +5,8 @@ Kinds of rows:
   baseline     bf16, no quantization.
   mx           an MX recipe: every GEMM's operands (forward) and gradients (backward) MX.
   per_tensor   a per-tensor FP8 recipe of mxjax (DelayedScaling, Float8CurrentScaling).
+  block        a block-scaled recipe run by `mxjax.block_dot` (NVFP4, FP8 1x128 / 128x128
+               blocks, MX with 2-D weights / stochastic rounding / RHT).
   weight_only  the weights quantize-dequantized (INT8 per output channel), GEMMs in bf16.
 """
 
@@ -15,6 +17,8 @@ import functools
 from typing import Callable
 
 from mxjax import formats as mx_formats
+from mxjax import block_codec
+from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
                            MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
 from mxjax.sweep import baselines
@@ -61,6 +65,9 @@ class SweepFormat:
                                scale_mode=scale_mode)
     if self.kind == "per_tensor":
       return functools.partial(baselines.fp8_per_tensor, fmt=self.weight_format)
+    if self.kind == "block":
+      roles = self.recipe(block_size, scale_mode).block_roles()
+      return functools.partial(_block_weight, bf=roles.w)
     if self.kind == "weight_only":
       return baselines.int8_per_channel
     return None
@@ -70,6 +77,8 @@ class SweepFormat:
     per-tensor FP8 and INT8 (their per-tensor / per-channel scales left out); bf16: 2."""
     if self.weight_format is None:
       return 2.0
+    if self.kind == "block":  # the weight role's format: elements + scale bytes per block
+      return self.recipe(block_size).block_roles().w.bytes_per_element()
     if self.kind != "mx":
       return 1.0
     return mx_formats.element_format(self.weight_format).bits / 8 + 1 / block_size
@@ -97,6 +106,37 @@ FORMATS: dict[str, SweepFormat] = {f.name: f for f in (
         lambda b, s: MXFP6BlockScaling(fp6_format=Format.E2M3, block_size=b, scale_mode=s)),
     _mx("fp4", "e2m1", "MXFP4 E2M1 fwd+bwd",
         lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s)),
+    SweepFormat("nvfp4", "block", "e2m1", lambda b, s: NVFP4BlockScaling(),
+                "NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale, 16x16 weights, "
+                "SR grads, RHT wgrad", ("nvfp4_e2m1",)),
+    SweepFormat("nvfp4_no_sr", "block", "e2m1",
+                lambda b, s: NVFP4BlockScaling(disable_stochastic_rounding=True),
+                "NVFP4, gradients rounded to nearest (ablation)"),
+    SweepFormat("nvfp4_no_rht", "block", "e2m1", lambda b, s: NVFP4BlockScaling(disable_rht=True),
+                "NVFP4 without the RHT (ablation)"),
+    SweepFormat("nvfp4_1d", "block", "e2m1",
+                lambda b, s: NVFP4BlockScaling(disable_2d_quantization=True),
+                "NVFP4, 1x16 weight blocks (ablation)"),
+    SweepFormat("fp8_block", "block", "e4m3", lambda b, s: Float8BlockScaling(),
+                "FP8 blocks (DeepSeek-V3 / TE): E4M3, 1x128 acts+grads, 128x128 weights, "
+                "pow2 FP32 scales", ("float8_block", "fp8_blockwise")),
+    SweepFormat("mxfp4_sr_rht", "block", "e2m1",
+                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
+                                               stochastic_rounding=True,
+                                               random_hadamard_transform=True),
+                "MXFP4 + stochastic rounding (grads) + RHT (wgrad)", ("fp4_sr_rht",)),
+    SweepFormat("mxfp4_sr", "block", "e2m1",
+                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
+                                               stochastic_rounding=True),
+                "MXFP4 + stochastic rounding (grads)", ("fp4_sr",)),
+    SweepFormat("mxfp4_rht", "block", "e2m1",
+                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
+                                               random_hadamard_transform=True),
+                "MXFP4 + RHT (wgrad)", ("fp4_rht",)),
+    SweepFormat("mxfp8_2d", "block", "e4m3",
+                lambda b, s: MXFP8BlockScaling(block_size=b, scale_mode=s,
+                                               enable_2d_quantization=True),
+                "MXFP8 E4M3, 32x32 weight tiles", ("fp8_2d",)),
     SweepFormat("fp8_delayed", "per_tensor", "e4m3", lambda b, s: DelayedScaling(),
                 "per-tensor FP8, delayed scaling (E4M3 fwd, E5M2 grads)", ("delayed",)),
     SweepFormat("fp8_current", "per_tensor", "e4m3", lambda b, s: Float8CurrentScaling(),
@@ -134,3 +174,11 @@ def parse(names: str) -> list[SweepFormat]:
   given.setdefault(BASELINE, BASELINE)
   ordered = [BASELINE] + [n for n in given if n != BASELINE]
   return [dataclasses.replace(FORMATS[n], given=given[n]) for n in ordered]
+
+
+def _block_weight(w, bf):
+  """w [K, N] -> block quantize-dequantize (tensor scale applied) along K, or in tiles;
+  straight-through gradient."""
+  codes, scales, ts = block_codec.quantize(w, bf, 0)
+  wq = block_codec.dequantize(codes, scales, ts, bf, 0).astype(w.dtype)
+  return baselines._straight_through(w, wq)

@@ -177,24 +177,29 @@ class Runner:
       with treatment.context():
         self.state0 = jax.jit(lambda key: model.init(key, tokens)[
             state_lib.STATE_COLLECTION])(jax.random.key(0))
+    # Stochastic rounding draws its bits from Flax's "mx" rng stream: a new key per step.
+    self.needs_rng = treatment.recipe is not None and treatment.recipe.needs_rng()
     self.step = jax.jit(self._step)
     self._forward = jax.jit(self._apply)
 
-  def _apply(self, params, state, batch):
-    """(loss, state after the forward) of `batch` int32[B, T + 1]."""
+  def _apply(self, params, state, batch, key=None):
+    """(loss, state after the forward) of `batch` int32[B, T + 1]; `key` feeds the "mx"
+    rng stream (stochastic rounding)."""
     params = self.treatment.weights(params)
+    rngs = {"mx": key} if key is not None else {}
     if not self.stateful:
-      return cross_entropy(self.model.apply({"params": params}, batch[:, :-1]), batch), state
+      return cross_entropy(self.model.apply({"params": params}, batch[:, :-1], rngs=rngs),
+                           batch), state
     logits, mutated = self.model.apply(
         {"params": params, state_lib.STATE_COLLECTION: state}, batch[:, :-1],
-        mutable=[state_lib.STATE_COLLECTION])
+        mutable=[state_lib.STATE_COLLECTION], rngs=rngs)
     return cross_entropy(logits, batch), mutated[state_lib.STATE_COLLECTION]
 
-  def _step(self, params, state, opt_state, batch):
+  def _step(self, params, state, opt_state, batch, key=None):
     """(params, state, opt_state, loss) after one AdamW step on `batch` int32[B, T + 1];
-    call it (jitted: `step`) under `treatment.context()`."""
+    call it (jitted: `step`) under `treatment.context()`. `key`: the step's "mx" key."""
     (loss, mutated), (g_params, g_state) = jax.value_and_grad(
-        self._apply, argnums=(0, 1), has_aux=True)(params, state, batch)
+        self._apply, argnums=(0, 1), has_aux=True)(params, state, batch, key)
     updates, opt_state = self.tx.update(g_params, opt_state, params)
     next_state = state_lib.next_state(g_state, mutated) if self.stateful else state
     return optax.apply_updates(params, updates), next_state, opt_state, loss
@@ -216,7 +221,9 @@ class Runner:
       for i in bar:
         batch = jnp.asarray(next(batches))
         t0 = time.perf_counter()
-        params, state, opt_state, loss = self.step(params, state, opt_state, batch)
+        key = (jax.random.fold_in(jax.random.key(self.config.seed + 7919), i)
+               if self.needs_rng else None)
+        params, state, opt_state, loss = self.step(params, state, opt_state, batch, key)
         loss = float(loss)  # waits for the step
         times.append(time.perf_counter() - t0)
         curve.append(loss)
