@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import block_codec, contraction, formats
+from mxjax import block_codec, contraction, formats, products
 from mxjax.block_recipes import BlockRoles
 
 _MISSING_KEY = (
@@ -80,7 +80,10 @@ def dot_general(lhs, rhs, dimension_numbers, roles: BlockRoles, *, rng=None, whe
                    where, recipe_name, rng is not None)
   key = (jax.random.key_data(rng).astype(jnp.uint32).reshape(-1)[-2:] if rng is not None
          else jnp.zeros((2,), jnp.uint32))
-  out = _block_dot(config, lhs, rhs, key)
+  with products.marked("dot_general", lhs.shape, rhs.shape,
+                       products.dot_flops(lhs.shape, rhs.shape, dimension_numbers),
+                       recipe_name or "block-scaled"):
+    out = _block_dot(config, lhs, rhs, key)
   if out_sharding is not None:
     out = jax.sharding.reshard(out, out_sharding)
   return out

@@ -74,13 +74,15 @@ def quantized(fn, rules=None, *, name: str | None = None):
 
 
 def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = "",
-        weight_args: int = 1, dequantize=None):
+        weight_args: int = 1, dequantize=None, rng=None):
   """`fn(*args, **kwargs)` with its products intercepted (see `quantized`).
 
   Args:
     strip: a leading name-stack part that is not a module path (a linen root's name).
     dequantize: `(args, kwargs) -> (args, kwargs)` with the MXArrays the function's code
       reads as arrays dequantized (default: every MXArray leaf).
+    rng: a key for recipes with stochastic rounding (linen: the "mx" rng stream), folded
+      with each product's number.
 
   The leaves of the first `weight_args` arguments are the weights (and what makes them:
   a linen init's rngs): a product of two values computed from other inputs (attention's
@@ -102,7 +104,7 @@ def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = "",
 
   values = [leaves[i] for i in dynamic]
   closed = jax.make_jaxpr(flat_fn)(*values)
-  walk = _Walk(recipe, rules, strip)
+  walk = _Walk(recipe, rules, strip, rng, where)
   outs = walk.eval(closed.jaxpr, closed.consts, values, "", [i < n_weights for i in dynamic])
   walk.report(where)
   return jax.tree.unflatten(out_tree[0], outs)
@@ -130,8 +132,8 @@ def dequantized(tree):
 class _Walk:
   """One interpretation of a traced program: the products it meets, in order."""
 
-  def __init__(self, recipe, rules, strip: str):
-    self.recipe, self.rules, self.strip = recipe, rules, strip
+  def __init__(self, recipe, rules, strip: str, rng=None, where: str = ""):
+    self.recipe, self.rules, self.strip, self.rng, self.where = recipe, rules, strip, rng, where
     self.counts: collections.Counter = collections.Counter()
     self.paths: list[str] = []
     self.kept: collections.Counter = collections.Counter()  # high-precision reasons
@@ -304,7 +306,16 @@ class _Walk:
     with products.label(path, op, recipe, activations):
       return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
-                           out_sharding=eqn.params.get("out_sharding"))[0]
+                           out_sharding=eqn.params.get("out_sharding"),
+                           rng=self._key(recipe, path))[0]
+
+  def _key(self, recipe, path: str):
+    """The stochastic-rounding key of one product: the call's key (linen's "mx" rng
+    stream) folded with its number; None without one (the backward then says where a key
+    goes; a forward alone needs none)."""
+    if not recipe.needs_rng() or self.rng is None:
+      return None
+    return jax.random.fold_in(self.rng, len(self.paths))
 
   def _ragged(self, eqn, invals, names, activations: bool):
     from mxjax import ragged  # noqa: PLC0415  (ragged imports dot, as this file does)

@@ -352,3 +352,25 @@ def test_a_rule_on_a_name_that_is_not_there_warns_under_intercept_and_quantize()
     mxjax.nnx.quantize(linear, [("Linear_0", None)])
     with pytest.warns(UserWarning, match=r"'Linear_0' matches no product path.*'layers/0'"):
       linear(XS)
+
+
+def test_nvfp4_under_intercept_takes_stochastic_rounding_keys_from_the_mx_stream():
+  import flax.linen as nn  # noqa: PLC0415
+
+  class Own(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      w = self.param("w", nn.initializers.normal(0.1), (64, 64))
+      return jnp.tanh(x @ w) @ w.T
+
+  model = Own()
+  variables = model.init(jax.random.key(1), XS)
+  grad = jax.jit(jax.grad(lambda v, k: jnp.sum(model.apply(v, XS, rngs={"mx": k}) ** 2)))
+  with mxjax.autocast(recipe=mxjax.NVFP4BlockScaling()), mxjax.linen.intercept():
+    report = mxjax.coverage(lambda v: model.apply(v, XS), variables)
+    a, b, c = (grad(variables, jax.random.key(k))["params"]["w"] for k in (1, 1, 2))
+    with pytest.raises(ValueError, match=r"rngs=\{'mx'"):
+      jax.grad(lambda v: jnp.sum(model.apply(v, XS) ** 2))(variables)
+  assert [p.recipe.startswith("NVFP4BlockScaling") for p in report.products] == [True, True]
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)

@@ -196,10 +196,14 @@ def _every_product(module: nn.Module, ctx, args, kwargs):
         scope = scope_fn(variable_groups, rng_groups)
         return fn(scope, *a, **k), repack_fn(scope)
 
+      probe = scope_fn(variable_groups, rng_groups)  # stochastic rounding's key, if given
+      probe = probe[0] if isinstance(probe, (list, tuple)) else probe
+      rng = probe.make_rng("mx") if recipe.needs_rng() and probe.has_rng("mx") else None
+
       with _inside_the_model():
         return interception.run(pure, (variable_groups, rng_groups, a, k), {}, recipe=recipe,
                                 rules=rules, where=where, strip=root, weight_args=2,
-                                dequantize=_params_dequantized)
+                                dequantize=_params_dequantized, rng=rng)
 
     
 
