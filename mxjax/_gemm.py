@@ -63,7 +63,7 @@ def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
           jnp.result_type(x.dtype, promoted.dtype))
 
 
-def quantize_kernel(w, recipe: Recipe, columnwise: bool = True):
+def quantize_kernel(w, recipe: Recipe, columnwise: bool = False):
   """A [K, N] kernel quantized for `recipe`: (along K, along N) or, without `columnwise`,
   the along-K MXArray alone."""
   along_k, along_n = quantize_2x(w, recipe.fwd_format, axes=(0, 1),

@@ -390,7 +390,7 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   recipe = MXFP8BlockScaling()
   model = _MLP()
   x, labels = _classification_batch(jax.random.key(0), 64)
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     variables = model.init(jax.random.key(1), x)
   kernels_before = mxarray_bits(mxarrays(variables))
   assert len(kernels_before) == 3 * 2 * 2  # 3 layers, an MXArray pair each

@@ -210,7 +210,7 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   nnx.Param (E8M0 scales have no zero: any optax update of one is NaN): nnx.grad and
   nnx.Optimizer(wrt=nnx.Param) leave them bit-identical and train the biases."""
   recipe = MXFP8BlockScaling()
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     model = _TwoLayers(nnx.Rngs(0))
   kernels = lambda: mxarrays(nnx.as_pure([model.a.kernel, model.b.kernel]))  # noqa: E731
   kernels_before = mxarray_bits(kernels())
@@ -352,7 +352,8 @@ def test_kernel_metadata_shards_as_stock_nnx_linear(quantized):
             bias_metadata={"out_sharding": ("fsdp",)}, use_bias=True)
   with jax.set_mesh(mesh):
     stock = nnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
-    with context.quantized_model_init(enabled=quantized, recipe=MXFP8BlockScaling()):
+    with context.quantized_model_init(enabled=quantized, recipe=MXFP8BlockScaling(),
+                                      for_training=True):
       ours = mxnnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
   assert ours.use_bias and spec_of(ours.bias.get_value()) == spec_of(stock.bias.get_value())
   kernel = nnx.as_pure(ours.kernel)
@@ -372,7 +373,7 @@ def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
   from flax.nnx import bridge  # noqa: PLC0415
   recipe = MXFP8BlockScaling()
   linen_layer = bridge.ToLinen(mxnnx.Linear, args=(64, 32))
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     variables = linen_layer.init(jax.random.key(0), X)
     layer = mxnnx.Linear(64, 32, rngs=nnx.Rngs(1))
   for copy, arrays in zip(layer.kernel, variables["QuantizedKernel"]["kernel"].values(),
@@ -383,7 +384,7 @@ def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
   with context.autocast(recipe=recipe):
     with pytest.raises(TypeError, match="run apply under quantized_model_init too"):
       linen_layer.apply(variables, X)
-    with context.quantized_model_init(recipe=recipe):
+    with context.quantized_model_init(recipe=recipe, for_training=True):
       y = linen_layer.apply(variables, X)
     np.testing.assert_array_equal(bits_of(y), bits_of(layer(X)))
 
