@@ -15,6 +15,7 @@ from mxjax.recipes import MXBlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
+from mxjax.ptq import quantize_params
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
 from mxjax.backend import backend_info, set_kernels
 from mxjax import fp8, linen, nnx, rules, state

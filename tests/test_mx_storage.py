@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import memory
+from mxjax import MXArray
 from mxjax.sweep import model as model_lib
 
 RECIPES = {"mxfp8": (mxjax.MXFP8BlockScaling(), 8), "mxfp6": (mxjax.MXFP6BlockScaling(), 6),
@@ -25,39 +25,68 @@ def _live_bytes_since(before: set[int]) -> int:
   return sum(a.nbytes for a in jax.live_arrays() if id(a) not in before)
 
 
-@pytest.mark.parametrize("name", list(RECIPES))
-def test_inference_kernels_hold_their_format_bytes_and_run_as_on_the_fly(name):
-  """The sweep's transformer built under quantized_model_init (default: inference, one
-  copy): its kernels hold params x (bits/8 + 1/32) bytes, as memory_report counts them
-  and as jax.live_arrays holds them, within 2%; the logits equal those of the
-  high-precision model with the same initial values quantized on the fly."""
-  recipe, bits = RECIPES[name]
-  formula = bits / 8 + 1 / recipe.block_size
+@pytest.fixture(scope="module")
+def lm_and_hp():
   lm = model_lib.LanguageModel(CONFIG, dtype=jnp.float32)
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 256)
-  hp = lm.init(jax.random.key(0), tokens)
-  n_kernel = model_lib.count_params(hp["params"])[1]
-  other_bytes = sum(x.nbytes for x in jax.tree.leaves(hp["params"])) - 4 * n_kernel
+  return lm, tokens, jax.jit(lm.init)(jax.random.key(0), tokens)
 
+
+def _check_stored(lm, tokens, hp, make_stored, recipe, bits):
+  """`make_stored()`'s variables: kernels at params x (bits/8 + 1/32) bytes within 2%, by
+  memory_report and by jax.live_arrays (nothing else is left alive: the f32 values are
+  gone), one copy each along axis 0; logits equal to on-the-fly quantization's."""
+  formula = bits / 8 + 1 / recipe.block_size
+  n_kernel = model_lib.count_params(hp["params"])[1]
   before = {id(a) for a in jax.live_arrays()}
-  with mxjax.quantized_model_init(recipe=recipe):
-    stored = lm.init(jax.random.key(0), tokens)
+  stored = make_stored()
   live = _live_bytes_since(before)
   report = mxjax.memory_report(stored)
   assert report.quantized_f32_nbytes == 4 * n_kernel  # every kernel is stored quantized
   assert report.quantized_bytes_per_param == pytest.approx(formula, rel=0.02)
-  assert set(report.copies) == {"mx_kernels/" + "/".join(p)
-                                for p in model_lib.kernels(hp["params"])}
+  assert len(report.copies) == len(model_lib.kernels(hp["params"]))
   assert all(kept == f"{recipe.fwd_format} along axis 0 (1 copy)"
              for kept in report.copies.values())
-  # live arrays: the stored variables and nothing else (the f32 initial values are gone)
-  assert live == report.nbytes
-  assert (live - other_bytes) / n_kernel == pytest.approx(formula, rel=0.02)
-
+  # nothing but the stored variables came alive (the f32 initial values are gone) ...
+  fresh = {id(a): a.nbytes for a in jax.tree.leaves(stored) if id(a) not in before}
+  assert live == sum(fresh.values())
+  # ... and the live arrays of the kernels hold their format's bytes
+  kernels = [x for x in jax.tree.leaves(stored, is_leaf=lambda x: isinstance(x, MXArray))
+             if isinstance(x, MXArray)]
+  kernel_ids = {id(a) for k in kernels for a in (k.data, k.scales)}
+  kernel_live = sum(a.nbytes for a in jax.live_arrays() if id(a) in kernel_ids)
+  assert kernel_live / n_kernel == pytest.approx(formula, rel=0.02)
   with mxjax.autocast(recipe=recipe):
     want = jax.jit(lm.apply)(hp, tokens)
     got = jax.jit(lm.apply)(stored, tokens)
   np.testing.assert_array_equal(_bits(got), _bits(want))
+  return stored
+
+
+def test_quantized_model_init_kernels_hold_their_format_bytes(lm_and_hp):
+  """The sweep's transformer built under quantized_model_init (default: inference, one
+  MXFP8 copy per kernel), against the same initial values quantized on the fly."""
+  lm, tokens, hp = lm_and_hp
+  recipe = mxjax.MXFP8BlockScaling()
+
+  def make():
+    with mxjax.quantized_model_init(recipe=recipe):
+      return jax.jit(lm.init)(jax.random.key(0), tokens)
+
+  stored = _check_stored(lm, tokens, hp, make, recipe, 8)
+  assert set(mxjax.memory_report(stored).copies) == {
+      "mx_kernels/" + "/".join(p) for p in model_lib.kernels(hp["params"])}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_quantize_params_kernels_hold_their_format_bytes(lm_and_hp, name):
+  """The same model's params quantized after the fact (mxjax.quantize_params; the
+  attention output contracts two dims: stored in 2-D form), MXFP8 / MXFP6 / MXFP4."""
+  lm, tokens, hp = lm_and_hp
+  recipe, bits = RECIPES[name]
+  make = lambda: mxjax.quantize_params(  # noqa: E731
+      hp, recipe, contract_ndim=lambda path: model_lib.contraction_ndim(path.split("/")))
+  _check_stored(lm, tokens, hp, make, recipe, bits)
 
 
 def test_nnx_linear_4096_holds_one_mxfp8_copy():
