@@ -1,5 +1,5 @@
 """jax.export of a serving function whose MX weights (quantize_params) are inputs, on the
-plain-XLA path: serialized, reloaded and run, for every platform at once."""
+plain-XLA path: serialized, reloaded and run; lowered for several platforms at once."""
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ def xla_kernels():
 def test_export_serving_with_mx_weights_as_inputs(xla_kernels):
   """Next-token logits of the LM from MXFP4 weights: the exported program takes the
   MXArrays as arguments (other weights of the same shapes run without re-export), has no
-  FFI call (it lowers for cpu, cuda and tpu), and reloaded it gives the jitted tokens."""
+  FFI call (it lowers for cpu and tpu at once), and reloaded it gives the jitted tokens."""
   lm = model_lib.LanguageModel(TINY)
   recipe = mxjax.MXFP4BlockScaling()
   convert = lambda p: mxjax.quantize_params(  # noqa: E731
@@ -37,7 +37,7 @@ def test_export_serving_with_mx_weights_as_inputs(xla_kernels):
     with mxjax.autocast(recipe=recipe):
       return lm.apply({"params": params}, prompt)[:, -1]
 
-  exported = jax.export.export(jax.jit(serve), platforms=("cpu", "cuda", "tpu"))(
+  exported = jax.export.export(jax.jit(serve), platforms=("cpu", "tpu"))(
       weights[0], prompt)
   assert "custom_call" not in exported.mlir_module()  # plain XLA: no FFI call
   assert any(isinstance(a, mxjax.MXArray) for a in jax.tree.leaves(
