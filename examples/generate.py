@@ -43,7 +43,8 @@ def main() -> None:
       model_lib.contraction_ndim(tuple(path.split("/")))))
   report = mxjax.memory_report(mx)
   print(f"{args.format} kernels: {report.quantized_bytes_per_param:.3f} B/param, "
-        f"{report.quantized_nbytes / 2**10:.0f} KiB (f32: {report.quantized_f32_nbytes / 2**10:.0f} KiB)")
+        f"{report.quantized_nbytes / 2**10:.0f} KiB "
+        f"(f32: {report.quantized_f32_nbytes / 2**10:.0f} KiB)")
   prompt = jnp.asarray(np.frombuffer(args.prompt.encode(), np.uint8).astype(np.int32))[None]
   for name, weights, rec in (("bf16", params, None), (args.format, mx, recipe)):
     with mxjax.autocast(enabled=rec is not None, recipe=rec):

@@ -105,8 +105,8 @@ def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
           and recipe.block_size == first.block_size and recipe.scale_mode == first.scale_mode):
     raise ValueError(
         f"Recipe mismatch for {where}: its kernel was quantized (quantized_model_init or "
-        f"quantize_params) for [{weight_recipe(kernel)}], but the current recipe is [{recipe}]. Apply it "
-        "under a matching recipe, or initialize it in high precision.")
+        f"quantize_params) for [{weight_recipe(kernel)}], but the current recipe is "
+        f"[{recipe}]. Apply it under a matching recipe, or initialize it in high precision.")
 
 
 def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,

@@ -19,7 +19,7 @@ from flax import nnx
 from mxjax import context, formats, rules as rules_lib
 from mxjax.mxarray import MXArray
 from mxjax.quantize import quantize
-from mxjax.recipes import MXFP8BlockScaling, Recipe
+from mxjax.recipes import Recipe
 
 
 def _key_name(k) -> str:

@@ -54,7 +54,8 @@ def test_linen_ptq_orbax_roundtrip_runs_as_on_the_fly(tmp_path):
   model = Net()
   variables = jax.jit(model.init)(jax.random.key(0), x)
   rules = [(r"split", None)]
-  convert = lambda v: mxjax.quantize_params(v, MX4, rules, contract_ndim=_contract_ndim)  # noqa: E731
+  convert = lambda v: mxjax.quantize_params(  # noqa: E731
+      v, MX4, rules, contract_ndim=_contract_ndim)
   mx = convert(variables)
   params = mx["params"]
   assert isinstance(params["up"]["kernel"], MXArray) and params["up"]["kernel"].axis == 0
