@@ -281,7 +281,7 @@ class _QuantizedAndDelayed(nnx.Module):
 
   def __init__(self):
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("fsdp", None))
-    with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+    with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
       self.q = mxnnx.Linear(64, 256, kernel_init=init, rngs=nnx.Rngs(0))
     with context.autocast(recipe=DelayedScaling(amax_history_len=4)):
       self.d = mxnnx.Linear(256, 16, kernel_init=init, rngs=nnx.Rngs(1))
@@ -417,7 +417,7 @@ def test_promote_dtype_is_the_layers_as_in_nnx_linear():
   assert calls[-1] == calls[-2]
   with context.autocast(recipe=MXFP8BlockScaling()):
     assert ours(X).dtype == jnp.bfloat16
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     frozen = mxnnx.Linear(64, 16, use_bias=False, promote_dtype=to_bf16, rngs=nnx.Rngs(0))
   y = frozen(X)
   assert calls[-1] == ((X.shape, X.dtype), ((), jnp.float32), None)
@@ -441,7 +441,7 @@ def test_preferred_element_type_sets_the_output_dtype_as_in_nnx_linear():
     assert y.dtype == jnp.float32
     np.testing.assert_array_equal(bits_of(y.astype(jnp.bfloat16)), bits_of(bf16_out(X)))
   assert _rel(y, X @ f32_out.kernel.get_value()) < 0.05
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     frozen = mxnnx.Linear(64, 16, use_bias=False, **kw, rngs=nnx.Rngs(0))
   w = nnx.as_pure(frozen.kernel)[0].dequantize(jnp.bfloat16)
   expect = jax.lax.dot(X.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
