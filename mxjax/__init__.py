@@ -17,6 +17,7 @@ from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
 from mxjax.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
 from mxjax.memory import memory_report
+from mxjax.ptq import quantize_params
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
 from mxjax.backend import backend_info, set_kernels
 from mxjax.interception import quantized

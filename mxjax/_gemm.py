@@ -7,6 +7,7 @@ Framework-free: the linen and nnx modules read the kernel and the recipe state, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from typing import Callable
 
@@ -64,12 +65,29 @@ def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
           jnp.result_type(x.dtype, promoted.dtype))
 
 
-def quantize_kernel(w, recipe: Recipe, columnwise: bool = True):
+def quantize_kernel(w, recipe: Recipe, columnwise: bool = False):
   """A [K, N] kernel quantized for `recipe`: (along K, along N) or, without `columnwise`,
   the along-K MXArray alone."""
   along_k, along_n = quantize_2x(w, recipe.fwd_format, axes=(0, 1),
                                  block_size=recipe.block_size, scale_mode=recipe.scale_mode)
   return (along_k, along_n) if columnwise else along_k
+
+
+def kernel_2d(kernel, n_in: int, where: str):
+  """A quantized kernel in the 2-D form `[K, N]` a projection takes: as it is when 2-D;
+  an MXArray `[in_dim, *features]` along axis 0 (`mxjax.quantize_params` of a kernel that
+  contracts one dim) with its feature dims merged (the blocks stay as they are)."""
+  if isinstance(kernel, tuple) or kernel.ndim == 2:
+    return kernel
+  if n_in != 1 or kernel.axis != 0:
+    raise ValueError(
+        f"{where}: its quantized kernel of shape {kernel.shape} (blocks along axis "
+        f"{kernel.axis}) does not fit a product contracting {n_in} dims: quantize it in "
+        f"2-D form (mxjax.quantize_params(..., contract_ndim={n_in}))")
+  k = kernel.shape[0]
+  return dataclasses.replace(kernel, data=kernel.data.reshape(kernel.data.shape[0], -1),
+                             scales=kernel.scales.reshape(kernel.scales.shape[0], -1),
+                             axis_from_end=-2, length=k)
 
 
 def weight_recipe(kernel) -> Recipe:
@@ -87,9 +105,9 @@ def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
   if not (recipe.mx() and recipe.fwd_format == first.format
           and recipe.block_size == first.block_size and recipe.scale_mode == first.scale_mode):
     raise ValueError(
-        f"Recipe mismatch for {where}: its kernel was quantized under quantized_model_init "
-        f"for [{weight_recipe(kernel)}], but the current recipe is [{recipe}]. Apply it "
-        "under a matching recipe, or initialize it in high precision.")
+        f"Recipe mismatch for {where}: its kernel was quantized (quantized_model_init or "
+        f"quantize_params) for [{weight_recipe(kernel)}], but the current recipe is "
+        f"[{recipe}]. Apply it under a matching recipe, or initialize it in high precision.")
 
 
 def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,

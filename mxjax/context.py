@@ -28,12 +28,12 @@ _AUTOCAST = jax.make_user_context(default_value=None)
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedInit:
-  """How `quantized_model_init` stores kernels: in `recipe`'s forward format, as the pair
-  (along the contraction, along the output features) or, with `columnwise=False`, as the
-  first copy alone."""
+  """How `quantized_model_init` stores kernels: in `recipe`'s forward format, along the
+  contraction (one copy) or, with `columnwise`, as the pair (along the contraction, along
+  the output features)."""
 
   recipe: Recipe
-  columnwise: bool = True
+  columnwise: bool = False
 
 
 _QUANTIZED_INIT = jax.make_user_context(default_value=None)
@@ -115,26 +115,34 @@ def recipe_for(path: str) -> Recipe | None:
 
 
 @contextlib.contextmanager
-def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
-                         columnwise: bool = True):
+def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None, *,
+                         for_training: bool = False, columnwise: bool | None = None):
   """Modules initialized inside store their kernels quantized (MX recipes only).
 
-  Each kernel is quantized once from its high-precision initial value with
-  `mxjax.quantize.quantize_2x`: the forward copy (blocks along the contraction) and, when
-  `columnwise`, the backward copy (blocks along the output features). Such weights are
-  frozen: they are not trainable params at all. linen modules store them in the variable
-  collection `QUANTIZED_KERNELS` ("mx_kernels") instead of "params", so `init` returns
-  `{"params": {biases, norms, ...}, "mx_kernels": {... "kernel": MXArray pair}, ...}` and
-  `apply` needs both collections; NNX modules hold them in `mxjax.nnx.QuantizedKernel`
-  variables instead of `nnx.Param`, so `nnx.grad` and `nnx.Optimizer(..., wrt=nnx.Param)`
-  leave them alone. (E8M0 scales have no zero: an optimizer update of one, even a zero
-  update, is NaN.) They can only be applied under a matching recipe (or with autocast off,
-  where they are dequantized).
+  Each kernel is quantized once from its high-precision initial value. By default (for
+  inference) it keeps one copy, blocks along the contraction: the forward's operand, at
+  the format's size, `params x (bits/8 + 1/block)` bytes (MXFP8 1.03 B/param, MXFP6 0.78,
+  MXFP4 0.53). With `for_training=True` it also keeps the dgrad's copy (blocks along the
+  output features, quantized from the same high-precision value with `quantize_2x`), which
+  doubles the bytes; `for_training=True, columnwise=False` keeps one copy for training
+  too: the dgrad then uses the stored copy's values, dequantized on the fly (no second
+  rounding; see the memory notes for the error this adds against the stored pair).
+
+  Such weights are frozen: they are not trainable params at all. linen modules store them
+  in the variable collection `QUANTIZED_KERNELS` ("mx_kernels") instead of "params", so
+  `init` returns `{"params": {biases, norms, ...}, "mx_kernels": {... "kernel": MXArray or
+  pair}, ...}` and `apply` needs both collections; NNX modules hold them in
+  `mxjax.nnx.QuantizedKernel` variables instead of `nnx.Param`, so `nnx.grad` and
+  `nnx.Optimizer(..., wrt=nnx.Param)` leave them alone. (E8M0 scales have no zero: an
+  optimizer update of one, even a zero update, is NaN.) They can only be applied under a
+  matching recipe (or with autocast off, where they are dequantized).
+  `mxjax.memory_report` says per kernel which copies are kept.
 
   Args:
     enabled: False initializes kernels in high precision as usual.
     recipe: an MX recipe; None means `MXFP8BlockScaling()`.
-    columnwise: keep the backward copy too (about twice the memory of the forward copy).
+    for_training: keep the dgrad's copy too (the default of `columnwise`).
+    columnwise: whether to keep the copy along the output features; None: `for_training`.
   """
   value = None
   if _check_enabled(enabled, "quantized_model_init"):
@@ -142,7 +150,7 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None,
     if not recipe.mx() or recipe.block_roles() is not None:
       raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs a plain "
                        f"MX recipe (no 2-D weights, stochastic rounding or RHT); got {recipe}")
-    value = QuantizedInit(recipe, bool(columnwise))
+    value = QuantizedInit(recipe, bool(for_training if columnwise is None else columnwise))
   with _QUANTIZED_INIT(value):
     yield
 

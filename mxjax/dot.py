@@ -257,6 +257,10 @@ def _canonical_operands(config: _DotConfig, lhs, rhs):
   (FSDP) is moved first, once (`sharding.unshared_contraction`)."""
   lhs_c = config.lhs.to_canonical(lhs) if config.lhs_array else lhs
   rhs_c = config.rhs.to_canonical(rhs) if config.rhs_array else rhs
+  if config.lhs_array != config.rhs_array:  # one stored MX operand: gather it as MX
+    if config.lhs_array:
+      return lhs_c, _gathered_mx(rhs, config.rhs, lhs_c, config.lhs, config)
+    return _gathered_mx(lhs, config.lhs, rhs_c, config.rhs, config), rhs_c
   if not (config.lhs_array and config.rhs_array):
     return lhs_c, rhs_c
   specs = [sharding.typed_spec(a) for a in (lhs_c, rhs_c)]
@@ -271,6 +275,41 @@ def _canonical_operands(config: _DotConfig, lhs, rhs):
                                             jax.typeof(a).sharding.mesh)
     moved.append(a if entries is None else jax.sharding.reshard(a, PartitionSpec(*entries)))
   return tuple(moved)
+
+
+def _gathered_mx(x, layout: contraction.Layout, other_c, other_layout: contraction.Layout,
+                 config: _DotConfig):
+  """A stored MX operand (an MXArray or a pair) whose contracted dim is split, under
+  Explicit axes, over a mesh axis the other operand uses for another dim (FSDP: a weight
+  stored once, sharded over the batch's axis): its codes and scales moved first, as
+  `unshared_contraction` moves a high-precision operand. So the step gathers
+  `bits/8 + 1/block` bytes per weight, not its dequantized value."""
+  other = sharding.typed_spec(other_c)
+  if other is None or len(layout.contract) != 1:
+    return x
+
+  def move(a: MXArray) -> MXArray:
+    spec = sharding.typed_spec(a.data)
+    if spec is None:
+      return a
+    entries = sharding.unshared_contraction(
+        spec, other, layout.contract[0], other_layout.contract_axis, a.shape[layout.contract[0]],
+        config.block_size, jax.typeof(a.data).sharding.mesh)
+    if entries is None:
+      return a
+    if a.axis != layout.contract[0]:  # blocks along another dim: keep them whole there
+      entries = tuple(e if i != a.axis else spec[i] for i, e in enumerate(entries))
+    return dataclasses.replace(a, data=_moved_bytes(a.data, PartitionSpec(*entries)),
+                               scales=_moved_bytes(a.scales, PartitionSpec(*entries)))
+
+  return tuple(move(a) for a in x) if isinstance(x, tuple) else move(x)
+
+
+def _moved_bytes(a: jax.Array, spec: PartitionSpec) -> jax.Array:
+  """`a` (1-byte codes or scales) resharded to `spec` as uint8: XLA's CPU would widen
+  float8 values to f16 / f32 for the collective; bytes move as they are."""
+  moved = jax.sharding.reshard(lax.bitcast_convert_type(a, jnp.uint8), spec)
+  return lax.bitcast_convert_type(moved, a.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

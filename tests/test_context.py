@@ -95,7 +95,7 @@ def test_jitted_dense_follows_the_recipe():
 
 def test_quantized_model_init_stores_mxarray_pairs():
   x = jnp.ones((2, 64))
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     variables = mxl.Dense(64).init(jax.random.key(0), x)
   # Frozen: the kernel is in its own collection, not a trainable param.
   assert set(variables) == {"params", context.QUANTIZED_KERNELS, "mx_state"}
@@ -137,7 +137,7 @@ def test_memory_report_of_an_nnx_module_and_not_of_its_state():
   """MXFP4 (packed 2 codes a byte) pair of a [128, 96] kernel: (0.5 + 1/32) bytes per
   element and copy, against 4. The module keeps the MXArrays; nnx.state splits them into
   arrays, which would be counted as f32 of their packed shapes, so it is refused."""
-  with context.quantized_model_init(recipe=MXFP4BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP4BlockScaling(), for_training=True):
     layer = mxnnx.Linear(128, 96, use_bias=False, rngs=nnx.Rngs(0))
   report = memory.memory_report(layer)
   assert report.quantized_f32_nbytes == 128 * 96 * 4
@@ -149,7 +149,7 @@ def test_memory_report_of_an_nnx_module_and_not_of_its_state():
 def test_quantized_kernel_runs_under_matching_recipe_and_dequantizes_when_off():
   x = jax.random.normal(jax.random.key(2), (4, 64))
   model = mxl.Dense(32, use_bias=False)
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     variables = model.init(jax.random.key(0), x)
   w = variables[context.QUANTIZED_KERNELS]["kernel"][0].dequantize()
   off = model.apply(variables, x)
@@ -205,7 +205,7 @@ def test_quantized_kernels_under_nn_scan():
   ones with the same kernels."""
   x = jax.random.normal(jax.random.key(1), (4, 64))
   recipe = MXFP8BlockScaling()
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     with pytest.raises(ValueError, match="'mx_kernels'.*lifted transform.*variable_axes"):
       _scanned({"params": 0}).init(jax.random.key(0), x)
     variables = _scanned({"params": 0, context.QUANTIZED_KERNELS: 0, "mx_state": 0}).init(

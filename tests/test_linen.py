@@ -161,7 +161,7 @@ def test_dense_general_init_is_stock_flax_init(features, axis):
                  mxl.DenseGeneral(features, axis=axis, bias_init=inits["bias_init"],
                                   kernel_init=nn.with_logical_partitioning(
                                       inits["kernel_init"], names))):
-    with context.quantized_model_init(recipe=recipe):
+    with context.quantized_model_init(recipe=recipe, for_training=True):
       variables = module.init(jax.random.key(1), x)
     np.testing.assert_array_equal(variables["params"]["bias"], want["bias"])
     kernel = variables[mxl.QUANTIZED_KERNELS]["kernel"]
@@ -390,7 +390,7 @@ def test_quantized_kernels_stay_frozen_under_a_stock_optax_step(optimizer):
   recipe = MXFP8BlockScaling()
   model = _MLP()
   x, labels = _classification_batch(jax.random.key(0), 64)
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     variables = model.init(jax.random.key(1), x)
   kernels_before = mxarray_bits(mxarrays(variables))
   assert len(kernels_before) == 3 * 2 * 2  # 3 layers, an MXArray pair each

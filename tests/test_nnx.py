@@ -210,7 +210,7 @@ def test_quantized_kernels_stay_frozen_under_nnx_optimizer(optimizer):
   nnx.Param (E8M0 scales have no zero: any optax update of one is NaN): nnx.grad and
   nnx.Optimizer(wrt=nnx.Param) leave them bit-identical and train the biases."""
   recipe = MXFP8BlockScaling()
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     model = _TwoLayers(nnx.Rngs(0))
   kernels = lambda: mxarrays(nnx.as_pure([model.a.kernel, model.b.kernel]))  # noqa: E731
   kernels_before = mxarray_bits(kernels())
@@ -281,7 +281,7 @@ class _QuantizedAndDelayed(nnx.Module):
 
   def __init__(self):
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("fsdp", None))
-    with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+    with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
       self.q = mxnnx.Linear(64, 256, kernel_init=init, rngs=nnx.Rngs(0))
     with context.autocast(recipe=DelayedScaling(amax_history_len=4)):
       self.d = mxnnx.Linear(256, 16, kernel_init=init, rngs=nnx.Rngs(1))
@@ -352,7 +352,8 @@ def test_kernel_metadata_shards_as_stock_nnx_linear(quantized):
             bias_metadata={"out_sharding": ("fsdp",)}, use_bias=True)
   with jax.set_mesh(mesh):
     stock = nnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
-    with context.quantized_model_init(enabled=quantized, recipe=MXFP8BlockScaling()):
+    with context.quantized_model_init(enabled=quantized, recipe=MXFP8BlockScaling(),
+                                      for_training=True):
       ours = mxnnx.Linear(256, 64, rngs=nnx.Rngs(0), **kw)
   assert ours.use_bias and spec_of(ours.bias.get_value()) == spec_of(stock.bias.get_value())
   kernel = nnx.as_pure(ours.kernel)
@@ -372,7 +373,7 @@ def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
   from flax.nnx import bridge  # noqa: PLC0415
   recipe = MXFP8BlockScaling()
   linen_layer = bridge.ToLinen(mxnnx.Linear, args=(64, 32))
-  with context.quantized_model_init(recipe=recipe):
+  with context.quantized_model_init(recipe=recipe, for_training=True):
     variables = linen_layer.init(jax.random.key(0), X)
     layer = mxnnx.Linear(64, 32, rngs=nnx.Rngs(1))
   for copy, arrays in zip(layer.kernel, variables["QuantizedKernel"]["kernel"].values(),
@@ -383,7 +384,7 @@ def test_to_linen_of_a_quantized_layer_applies_under_quantized_model_init():
   with context.autocast(recipe=recipe):
     with pytest.raises(TypeError, match="run apply under quantized_model_init too"):
       linen_layer.apply(variables, X)
-    with context.quantized_model_init(recipe=recipe):
+    with context.quantized_model_init(recipe=recipe, for_training=True):
       y = linen_layer.apply(variables, X)
     np.testing.assert_array_equal(bits_of(y), bits_of(layer(X)))
 
@@ -416,7 +417,7 @@ def test_promote_dtype_is_the_layers_as_in_nnx_linear():
   assert calls[-1] == calls[-2]
   with context.autocast(recipe=MXFP8BlockScaling()):
     assert ours(X).dtype == jnp.bfloat16
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     frozen = mxnnx.Linear(64, 16, use_bias=False, promote_dtype=to_bf16, rngs=nnx.Rngs(0))
   y = frozen(X)
   assert calls[-1] == ((X.shape, X.dtype), ((), jnp.float32), None)
@@ -440,7 +441,7 @@ def test_preferred_element_type_sets_the_output_dtype_as_in_nnx_linear():
     assert y.dtype == jnp.float32
     np.testing.assert_array_equal(bits_of(y.astype(jnp.bfloat16)), bits_of(bf16_out(X)))
   assert _rel(y, X @ f32_out.kernel.get_value()) < 0.05
-  with context.quantized_model_init(recipe=MXFP8BlockScaling()):
+  with context.quantized_model_init(recipe=MXFP8BlockScaling(), for_training=True):
     frozen = mxnnx.Linear(64, 16, use_bias=False, **kw, rngs=nnx.Rngs(0))
   w = nnx.as_pure(frozen.kernel)[0].dequantize(jnp.bfloat16)
   expect = jax.lax.dot(X.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)

@@ -211,7 +211,7 @@ class _Net(nn.Module):
 
 def test_mx_block_scaling_quantized_model_init_memory_and_mismatch():
   recipe = MXBlockScaling("e5m2", "e4m3")
-  with mxjax.quantized_model_init(recipe=recipe):
+  with mxjax.quantized_model_init(recipe=recipe, for_training=True):
     variables = _Net().init(jax.random.key(0), X)
   kernel = variables[mxjax.linen.QUANTIZED_KERNELS]["proj"]["kernel"]
   assert [a.data.dtype for a in kernel] == [jnp.float8_e5m2, jnp.float8_e5m2]

@@ -137,7 +137,7 @@ def test_train_step_matches_one_device_with_the_high_precision_collectives(kind,
 def test_quantized_kernels_keep_their_logical_axes_and_run_fsdp(kind):
   model = MLP()
   x = jax.random.normal(jax.random.key(3), (64, D))
-  with mxjax.quantized_model_init(recipe=MXFP8):
+  with mxjax.quantized_model_init(recipe=MXFP8, for_training=True):
     boxed = model.init(jax.random.key(0), x)
     dense_general = mxjax.DenseGeneral((4, 8), axis=(-2, -1), kernel_axes=("a", "b", "c", "d"))
     boxed_general = dense_general.init(jax.random.key(0), jnp.zeros((2, 4, 64)))

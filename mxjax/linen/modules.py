@@ -172,8 +172,8 @@ class DenseGeneral(nn.Module):
 
     batch = [d for d in range(x.ndim) if d not in axes]
     x2 = jnp.transpose(x, batch + list(axes)).reshape(*(x.shape[d] for d in batch), k)
-    if not _gemm.is_quantized(kernel):
-      kernel = kernel.reshape(k, n)
+    kernel = (_gemm.kernel_2d(kernel, len(in_dims), _module_path(self))
+              if _gemm.is_quantized(kernel) else kernel.reshape(k, n))
     x2, kernel, bias, dtype = _gemm.promote_operands(
         lambda args: self.promote_dtype(*args, dtype=self.dtype), x2, kernel, bias,
         self.param_dtype)
@@ -187,10 +187,15 @@ class DenseGeneral(nn.Module):
   def _kernel(self, shape, shape_2d, n_in):
     """The kernel: the param `kernel`, high precision of `shape` (`n_in` input dims, then
     the features); or, made under `quantized_model_init`, the variable `kernel` of the
-    collection `QUANTIZED_KERNELS`, quantized in 2-D form (frozen: not a param)."""
+    collection `QUANTIZED_KERNELS`, quantized in 2-D form (frozen: not a param); or an
+    MXArray in `params` (`mxjax.quantize_params`: of `shape` or the 2-D form)."""
     collection = context.QUANTIZED_KERNELS
     if self.has_variable(collection, "kernel"):
       return self.variable(collection, "kernel").value
+    if self.has_variable("params", "kernel"):  # quantize_params' MXArray, as it is
+      stored = nn.meta.unbox(self.get_variable("params", "kernel"))
+      if _gemm.is_quantized(stored):
+        return stored
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
       if not self.is_mutable_collection(collection):
