@@ -126,6 +126,8 @@ def dequantized(tree):
     first = x[0] if isinstance(x, tuple) else x
     return first.dequantize(first.dtype)
 
+  if is_mx(tree):
+    return value(tree)
   return jax.tree.map(value, tree, is_leaf=is_mx)
 
 

@@ -374,3 +374,25 @@ def test_nvfp4_under_intercept_takes_stochastic_rounding_keys_from_the_mx_stream
   assert [p.recipe.startswith("NVFP4BlockScaling") for p in report.products] == [True, True]
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
+
+
+def test_stock_models_run_from_quantize_params_as_from_quantizing_on_the_fly():
+  """`quantize_params` stores the kernels as MX (one copy); an intercepted stock model
+  (linen and NNX) runs from them unchanged and gives the on-the-fly quantization's
+  output bit for bit (the stored values are MX values: quantizing them again is exact)."""
+  import flax.linen as nn  # noqa: PLC0415
+
+  model = nn.Sequential([nn.Dense(96), nn.relu, nn.Dense(64)])
+  variables = model.init(jax.random.key(0), XS)
+  stored = mxjax.quantize_params(variables, MX)
+  assert isinstance(stored["params"]["layers_0"]["kernel"], mxjax.MXArray)
+  with mxjax.autocast(recipe=MX), mxjax.linen.intercept():
+    np.testing.assert_array_equal(model.apply(stored, XS), model.apply(variables, XS))
+  graphdef, state = nnx.split(nnx.Sequential(nnx.Linear(64, 96, rngs=nnx.Rngs(0)),
+                                             jax.nn.relu, nnx.Linear(96, 64, rngs=nnx.Rngs(1))))
+  from_mx = mxjax.nnx.quantize(nnx.merge(graphdef, mxjax.quantize_params(state, MX)))
+  on_the_fly = mxjax.nnx.quantize(nnx.merge(graphdef, state))
+  with mxjax.autocast(recipe=MX):
+    np.testing.assert_array_equal(from_mx(XS), on_the_fly(XS))
+  kernel = from_mx.layers[0].kernel.get_value()
+  assert isinstance(kernel, mxjax.MXArray)  # still stored quantized after the call

@@ -52,16 +52,20 @@ def _intercepting_class(base: type) -> type:
     def pure(state, args, kwargs):
       copy = nnx.merge(graphdef, state)
       _name_submodules(copy)
+      quantized = _dequantize_stock_kernels(copy)
       _INSIDE.on = True
       try:
         out = original(copy, *args, **kwargs)
       finally:
         _INSIDE.on = False
+      for variable, value in quantized:  # the state keeps them quantized
+        variable.set_value(value)
       return out, nnx.state(copy)
 
     out, new_state = interception.run(
         pure, (state, args, kwargs), {}, recipe=recipe, rules=self._mx_rules,
-        where=f"the NNX model {base.__name__}", dequantize=_params_dequantized)
+        where=f"the NNX model {base.__name__}",
+        dequantize=lambda inputs: inputs)  # stock layers' MX kernels: in `pure`
     if any(jax.tree.leaves(jax.tree.map(lambda a, b: a is not b, state, new_state))):
       nnx.update(self, new_state)  # only where the call changed its state (BatchNorm, rngs)
     return out
@@ -103,15 +107,20 @@ def _has_call(cls: type) -> bool:
   return any("__call__" in vars(c) for c in cls.__mro__[:cls.__mro__.index(nnx.Module)])
 
 
-def _params_dequantized(inputs):
-  """The MXArrays held in `nnx.Param`s as arrays (`quantize_params`' kernels, read by
-  stock code); `QuantizedKernel`s (`quantized_model_init`) stay quantized for their layers."""
-  (state, *rest), kwargs = inputs
-
-  def value(variable):
-    if isinstance(variable, nnx.Param):
-      return variable.replace(interception.dequantized(variable.get_value()))
-    return variable
-
-  state = jax.tree.map(value, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  return (state, *rest), kwargs
+def _dequantize_stock_kernels(model: nnx.Module) -> list:
+  """Gives each MXArray variable of a module that is not mxjax's own `Linear` (which runs
+  from quantized kernels itself) its dequantized value, for stock code to read
+  (`quantize_params`' kernels); returns [(variable, its MXArray value)]."""
+  from mxjax.nnx.modules import Linear  # noqa: PLC0415  (modules imports nothing of ours)
+  changed = []
+  for _, node in nnx.iter_graph(model):
+    if not isinstance(node, nnx.Module) or isinstance(node, Linear):
+      continue
+    for variable in vars(node).values():
+      if isinstance(variable, nnx.Variable):
+        value = variable.get_value()
+        plain = interception.dequantized(value)
+        if plain is not value:
+          changed.append((variable, value))
+          variable.set_value(plain)
+  return changed
