@@ -37,14 +37,24 @@ NOT_MLP = rf"(?i)^(?!.*{_MLP_PART})"
 
 PRESETS = ("all", "no_ends", "mlp_only")
 
+__all__ = ["Rules", "PRESETS", "EMBED", "LM_HEAD", "NOT_MLP", "preset", "check", "match",
+           "recipe_for"]
+
 
 def check(rules, where: str = "rules") -> Rules:
   """Validates a rule sequence and returns it as a hashable tuple of pairs.
 
+  Args:
+    rules: a sequence of `(pattern, recipe or None)` pairs, or None (no rules).
+    where: how error messages name the rules (e.g. "mxjax.nnx.quantize rules").
+
+  Returns:
+    The rules as a tuple of `(pattern, recipe or None)` pairs (() for None).
+
   Raises:
-    TypeError / ValueError naming the offending rule: not a (pattern, recipe) pair, a
-    pattern that is not a string or not a valid regular expression, or a recipe that is
-    neither None nor an mxjax recipe.
+    TypeError: a rule that is not a (pattern, recipe) pair, a pattern that is not a str,
+      or a recipe that is neither None nor an mxjax recipe (the message names the rule).
+    ValueError: a pattern that is not a valid regular expression.
   """
   if rules is None:
     return ()

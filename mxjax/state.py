@@ -47,6 +47,10 @@ ROLES = ("input", "kernel", "grad")
 #: The recipe kind of a state made outside any recipe (high precision).
 HIGH_PRECISION = "HighPrecision"
 
+__all__ = ["STATE_COLLECTION", "ROLES", "HIGH_PRECISION", "TensorScaling", "RecipeState",
+           "init", "update", "settle", "next_state", "describe", "kind_of", "fp8_max",
+           "scale_from_amax", "settle_tensor", "update_tensor", "tensor_amax", "reduce_amax"]
+
 
 @struct.dataclass
 class TensorScaling:

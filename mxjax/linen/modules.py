@@ -298,9 +298,11 @@ class Dense(DenseGeneral):
 class LayerNormDense(nn.Module):
   """LayerNorm or RMSNorm, then a DenseGeneral (the norm runs in high precision).
 
+  `features`, `axis`, `use_bias`, `dtype`, `param_dtype`, `kernel_init`, `bias_init`,
+  `kernel_axes`, `bias_axes`, `recipe` and `state_collection` are as in DenseGeneral (its
+  submodule `dense`).
+
   Attributes:
-    features, axis, use_bias, dtype, param_dtype, kernel_init, bias_init, kernel_axes,
-      bias_axes, recipe, state_collection: as in DenseGeneral (its submodule `dense`).
     norm_type: "layernorm" or "rmsnorm" (submodule `norm`, normalizing the last axis).
     epsilon: the norm's epsilon.
   """
