@@ -81,7 +81,15 @@ def check(rules, where: str = "rules") -> Rules:
 
 
 def match(rules: Rules, path: str):
-  """The first rule whose pattern `re.search`-es `path`, or None when none does."""
+  """The first rule whose pattern `re.search`-es `path`, or None when none does.
+
+  Args:
+    rules: checked rules (`check`): `(pattern, recipe or None)` pairs.
+    path: a layer path, e.g. "block_0/mlp/Dense_1".
+
+  Returns:
+    The matching `(pattern, recipe or None)` pair, or None.
+  """
   for rule in rules:
     if re.search(rule[0], path):
       return rule
@@ -89,7 +97,16 @@ def match(rules: Rules, path: str):
 
 
 def recipe_for(rules: Rules, path: str, default: Recipe | None) -> Recipe | None:
-  """The recipe of the layer at `path`: the first matching rule's, else `default`."""
+  """The recipe of the layer at `path`: the first matching rule's, else `default`.
+
+  Args:
+    rules: checked rules (`check`).
+    path: the layer's path.
+    default: what a path no rule matches runs (the autocast recipe, or None).
+
+  Returns:
+    A recipe, or None for high precision.
+  """
   rule = match(rules, path)
   return default if rule is None else rule[1]
 
@@ -101,6 +118,12 @@ def preset(name: str, gemm_paths: Sequence[str] = ()) -> Rules:
     name: "all", "no_ends" or "mlp_only".
     gemm_paths: the model's GEMM layer paths in call order ("no_ends" keeps the first
       and the last in high precision; ignored by the other presets).
+
+  Returns:
+    The rules, a tuple of `(pattern, None)` pairs (() for "all").
+
+  Raises:
+    ValueError: an unknown preset name.
   """
   if name == "all":
     return ()
