@@ -135,11 +135,12 @@ def test_mkdocs_build_strict(tmp_path):
   """`mkdocs build --strict` succeeds (a broken link, reference or docstring fails it), and
   the API reference has a heading for every name in the five modules' `__all__`."""
   site = tmp_path / "site"
-  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f",
+  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                          os.path.join(ROOT, "mkdocs.yml"), "-d", str(site)],
                         cwd=ROOT, capture_output=True, text=True, timeout=600,
                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  assert "WARNING" not in proc.stderr, proc.stderr[-5000:]  # (-q would hide them from --strict)
   for module in API_MODULES:
     page = site / "api" / ("mxjax" if module == "mxjax" else module.split(".")[1]) / "index.html"
     headings = {html.unescape(re.sub(r"<[^>]+>", " ", h)).split()[0]  # the name, not labels
