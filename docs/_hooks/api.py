@@ -34,6 +34,21 @@ def _tree(module: str) -> ast.Module:
     return ast.parse(f.read(), path)
 
 
+def _defined(module: str) -> set[str]:
+  """Names a module binds by assignment, def, class or import (not its submodules)."""
+  names = set()
+  for node in _tree(module).body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, ast.Assign):
+      names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    elif isinstance(node, (ast.AnnAssign,)) and isinstance(node.target, ast.Name):
+      names.add(node.target.id)
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names.update((a.asname or a.name).split(".")[0] for a in node.names)
+  return names
+
+
 def public_names(module: str) -> list[str]:
   """The module's `__all__` (a literal list or tuple of strings)."""
   for node in _tree(module).body:
@@ -51,8 +66,8 @@ def canonical(module: str, name: str) -> str:
       for alias in node.names:
         if (alias.asname or alias.name) == name:
           inner = f"{node.module}.{alias.name}"
-          if _source(inner) is not None and _source(node.module + "." + alias.name):
-            return inner  # a submodule
+          if _source(inner) is not None and alias.name not in _defined(node.module):
+            return inner  # a submodule (`from mxjax import linen`)
           return canonical(node.module, alias.name)
   return f"{module}.{name}"
 
