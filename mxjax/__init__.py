@@ -25,3 +25,21 @@ from mxjax.products import Coverage, Product, coverage
 from mxjax import fp8, linen, nnx, rules, state
 
 __version__ = "0.1.0"
+
+# The public API (the docs' API reference renders these; the submodules `linen`, `nnx`,
+# `rules` and `state` have their own `__all__` and pages).
+__all__ = [
+    # formats and arrays
+    "BLOCK_SIZES", "ElementFormat", "ScaleMode", "element_format", "MXArray",
+    # ops
+    "quantize", "quantize_2x", "dequantize", "fake_quantize", "dot_general", "matmul",
+    "einsum",
+    # recipes and context
+    "Recipe", "Format", "MXFP8BlockScaling", "MXFP6BlockScaling", "MXFP4BlockScaling",
+    "MXBlockScaling", "DelayedScaling", "Float8CurrentScaling", "autocast", "get_recipe",
+    "quantized_model_init",
+    # linen modules (also in mxjax.linen)
+    "Dense", "DenseGeneral", "LayerNormDense", "LayerNormMLP",
+    # reports and platform
+    "describe", "memory_report", "backend_info", "set_kernels",
+]

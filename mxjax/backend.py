@@ -66,6 +66,15 @@ def set_kernels(mode: str) -> None:
   """Sets the kernel choice for this process: "auto", "ffi" or "xla" (as MXJAX_KERNELS).
 
   Jitted functions are traced again under the new setting.
+
+  Args:
+    mode: "auto" (FFI kernels where built and trusted, else the plain-XLA path), "ffi"
+      (the FFI kernels; a platform this build has none for then raises a RuntimeError at
+      lowering) or "xla" (the plain-XLA path everywhere: the same bits; what `jax.export`
+      needs).
+
+  Raises:
+    ValueError: any other mode.
   """
   _KERNELS.set_global(_check_mode(mode, "mxjax.set_kernels' mode"))
 

@@ -82,7 +82,11 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 
 
 def get_recipe() -> Recipe | None:
-  """The recipe of the innermost enabled `autocast`; None outside one or when disabled."""
+  """The recipe of the innermost enabled `autocast`; None outside one or when disabled.
+
+  Returns:
+    A `Recipe`, or None (high precision).
+  """
   return _AUTOCAST.value
 
 

@@ -134,6 +134,20 @@ def matmul(a, b, **kwargs) -> jax.Array:
   `jnp.matmul`, and a vector's dim is dropped from the output. An MXArray (or pair) operand
   keeps its shape: b [K, N], or batch dims equal to the other's; `out_sharding` needs
   operands of rank >= 2 and no broadcasting.
+
+  Args:
+    a: bf16 / f16 / f32 array [..., M, K] or [K], or an MXArray (pair) quantized along K.
+    b: bf16 / f16 / f32 array [..., K, N] or [K], or an MXArray (pair) quantized along K.
+    **kwargs: `dot_general`'s keyword arguments (`fwd_format`, `bwd_format`,
+      `block_size`, `scale_mode`, `preferred_element_type`, `out_sharding`, ...).
+
+  Returns:
+    An array of `jnp.matmul(a, b)`'s shape, of the operands' result dtype unless
+    `preferred_element_type` says otherwise.
+
+  Raises:
+    ValueError: a scalar operand, batch dims that do not broadcast, or broadcasting that
+      MXArray operands or `out_sharding` cannot take.
   """
   a, b = promote_weak_operands(a, b)
   a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]

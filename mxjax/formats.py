@@ -129,7 +129,19 @@ HIGH_PRECISION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dt
 
 
 def element_format(fmt: str | ElementFormat) -> ElementFormat:
-  """Looks up an element format by name ("e4m3", "mxfp8_e4m3", "E4M3" ...)."""
+  """Looks up an element format by name ("e4m3", "mxfp8_e4m3", "E4M3" ...).
+
+  Args:
+    fmt: a name whose last "_" part is "e4m3", "e5m2", "e3m2", "e2m3" or "e2m1" (any
+      case), or an `ElementFormat` (returned as it is).
+
+  Returns:
+    The `ElementFormat` (bits, emax, max, storage dtype, packing).
+
+  Raises:
+    TypeError: `fmt` is neither a str nor an ElementFormat.
+    ValueError: an unknown name.
+  """
   if isinstance(fmt, ElementFormat):
     return fmt
   if not isinstance(fmt, str):

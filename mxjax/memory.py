@@ -74,7 +74,18 @@ def _is_kernel(x) -> bool:
 def memory_report(variables) -> MemoryReport:
   """Counts the bytes of every array and quantized kernel in `variables`: any pytree, e.g.
   linen variables or an NNX module (not its `nnx.state`, which splits each quantized
-  kernel into arrays that no longer say their logical shape)."""
+  kernel into arrays that no longer say their logical shape).
+
+  Args:
+    variables: any pytree of arrays and MXArrays (linen variables, an NNX module).
+
+  Returns:
+    A `MemoryReport`: bytes per entry and in total, against the same arrays in f32, with
+    the quantized kernels' share; `str()` of it is a one-line summary.
+
+  Raises:
+    TypeError: given an `nnx.State` instead of the module.
+  """
   if isinstance(variables, nnx.State):
     raise TypeError("mxjax.memory_report: pass the NNX module itself, not its nnx.state: "
                     "the state holds each quantized kernel's data and scales as separate "

@@ -334,6 +334,18 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
   """Decodes an `MXArray` to a `dtype` array of its logical shape: `decode(code) * 2^e`.
 
   A block whose scale is NaN (its input held NaN or Inf) decodes to NaN.
+
+  Args:
+    a: an `MXArray` as `quantize` / `quantize_2x` made it (any format, block and axis).
+    dtype: bfloat16, float16 or float32 (default); the f32 value is rounded once to it.
+
+  Returns:
+    A `dtype` array of `a.shape` (the logical shape, not the packed storage's).
+
+  Raises:
+    TypeError: `a` is not an MXArray, or `dtype` is not one of the three.
+    ValueError: `a`'s data or scales have another dtype or shape than its format, block and
+      axis give (e.g. replaced by a `jax.tree.map`).
   """
   if not isinstance(a, MXArray):
     raise TypeError(f"mxjax.dequantize needs an MXArray, got {type(a).__name__}")

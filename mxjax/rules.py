@@ -47,14 +47,24 @@ PRESETS = ("all", "no_ends", "mlp_only", "no_attention")
 #: The presets' own patterns: a model may have no path they match, and that is no mistake.
 PRESET_PATTERNS = (EMBED, LM_HEAD, NOT_MLP)
 
+__all__ = ["Rules", "PRESETS", "EMBED", "LM_HEAD", "NOT_MLP", "preset", "check", "match",
+           "recipe_for"]
+
 
 def check(rules, where: str = "rules") -> Rules:
   """Validates a rule sequence and returns it as a hashable tuple of pairs.
 
+  Args:
+    rules: a sequence of `(pattern, recipe or None)` pairs, or None (no rules).
+    where: how error messages name the rules (e.g. "mxjax.nnx.quantize rules").
+
+  Returns:
+    The rules as a tuple of `(pattern, recipe or None)` pairs (() for None).
+
   Raises:
-    TypeError / ValueError naming the offending rule: not a (pattern, recipe) pair, a
-    pattern that is not a string or not a valid regular expression, or a recipe that is
-    neither None nor an mxjax recipe.
+    TypeError: a rule that is not a (pattern, recipe) pair, a pattern that is not a str,
+      or a recipe that is neither None nor an mxjax recipe (the message names the rule).
+    ValueError: a pattern that is not a valid regular expression.
   """
   if rules is None:
     return ()
@@ -81,9 +91,17 @@ def check(rules, where: str = "rules") -> Rules:
 
 
 def match(rules: Rules, path: str, *also: str):
-  """The first rule whose pattern `re.search`-es `path` (or one of `also`: a product's
-  enclosing module paths, so a rule naming a layer covers the products inside it), or
-  None when none does."""
+  """The first rule whose pattern `re.search`-es `path` or one of `also`, or None.
+
+  Args:
+    rules: checked rules (`check`): `(pattern, recipe or None)` pairs.
+    path: a layer or product path, e.g. "block_0/mlp/Dense_1", "block_0/attn/einsum_1".
+    also: more paths the rule may name instead: a product's enclosing module paths, so
+      a rule naming a layer covers the products inside it.
+
+  Returns:
+    The first matching `(pattern, recipe or None)` pair, or None.
+  """
   for rule in rules:
     if any(re.search(rule[0], p) for p in (path, *also)):
       return rule
@@ -91,7 +109,16 @@ def match(rules: Rules, path: str, *also: str):
 
 
 def recipe_for(rules: Rules, path: str, default: Recipe | None) -> Recipe | None:
-  """The recipe of the layer at `path`: the first matching rule's, else `default`."""
+  """The recipe of the layer at `path`: the first matching rule's, else `default`.
+
+  Args:
+    rules: checked rules (`check`).
+    path: the layer's path.
+    default: what a path no rule matches runs (the autocast recipe, or None).
+
+  Returns:
+    A recipe, or None for high precision.
+  """
   rule = match(rules, path)
   return default if rule is None else rule[1]
 
@@ -104,6 +131,13 @@ def preset(name: str, gemm_paths: Sequence[str] = ()) -> Rules:
     gemm_paths: the model's product paths in call order (`linen.gemm_paths`,
       `nnx.gemm_paths`): "no_ends" keeps the first and the last in high precision,
       "no_attention" those between activations; ignored by the other presets.
+
+  Returns:
+    The rules, a tuple of `(pattern, None)` pairs (() for "all").
+
+  Raises:
+    ValueError: an unknown preset name, or "no_attention" without the paths
+      `gemm_paths` returns.
   """
   if name == "all":
     return ()

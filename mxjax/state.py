@@ -47,6 +47,10 @@ ROLES = ("input", "kernel", "grad")
 #: The recipe kind of a state made outside any recipe (high precision).
 HIGH_PRECISION = "HighPrecision"
 
+__all__ = ["STATE_COLLECTION", "ROLES", "HIGH_PRECISION", "TensorScaling", "RecipeState",
+           "init", "update", "settle", "next_state", "describe", "kind_of", "fp8_max",
+           "scale_from_amax", "settle_tensor", "update_tensor", "tensor_amax", "reduce_amax"]
+
 
 @struct.dataclass
 class TensorScaling:
@@ -167,7 +171,19 @@ def _check_kind(state: RecipeState, recipe: Recipe, what: str) -> None:
 
 def settle(state: RecipeState, recipe: Recipe) -> RecipeState:
   """`state` with every role as one use (`settle_tensor`): the state a step reads, and what
-  to inspect after a gradient overwrite. Stateless states are returned as they are."""
+  to inspect after a gradient overwrite. Stateless states are returned as they are.
+
+  Args:
+    state: a `RecipeState`, e.g. the sum of N next states that a gradient overwrite holds
+      when a loss ran the GEMM N times.
+    recipe: the recipe the state was made for.
+
+  Returns:
+    A `RecipeState` of the same structure, each role's `uses` 1.
+
+  Raises:
+    ValueError: the state was made for another recipe kind.
+  """
   _check_kind(state, recipe, "settle")
   if not state.tensors:
     return state
@@ -178,6 +194,18 @@ def settle(state: RecipeState, recipe: Recipe) -> RecipeState:
 def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> RecipeState:
   """The next state, as one use: each role in `amaxes` (role -> f32[]) recorded, the others
   settled (`settle`).
+
+  Args:
+    state: the `RecipeState` the step started with.
+    amaxes: role ("input", "kernel", "grad") -> f32[] amax of this step.
+    recipe: the recipe the state was made for.
+
+  Returns:
+    The next `RecipeState`: each recorded role's history shifted with its amax newest,
+    its scale `fp8_max / amax / 2**margin` from the history.
+
+  Raises:
+    ValueError: the state was made for another recipe kind.
 
   Pure: no side effects, jit- and grad-safe. Stateless states are returned as they are.
   """
@@ -316,7 +344,15 @@ def _used_or(grad: TensorScaling, kept: TensorScaling) -> TensorScaling:
 
 
 def describe(variables) -> dict[str, str]:
-  """'module/path' -> recipe kind of every RecipeState in `variables` (any collection)."""
+  """'module/path' -> recipe kind of every RecipeState in `variables` (any collection).
+
+  Args:
+    variables: any pytree, e.g. linen variables or one collection of them.
+
+  Returns:
+    A dict from each state's path (keys joined by "/") to its recipe kind, e.g.
+    `{"hidden/recipe_state": "DelayedScaling"}`.
+  """
   out = {}
   flat = jax.tree_util.tree_flatten_with_path(variables, is_leaf=_is_state)[0]
   for path, leaf in flat:

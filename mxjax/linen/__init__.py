@@ -13,3 +13,6 @@ from mxjax.linen.modules import (ACTIVATIONS, Dense, DenseGeneral, LayerNormDens
 from mxjax.linen.hooks import DotGeneral, Einsum
 from mxjax.context import QUANTIZED_KERNELS
 from mxjax.linen.intercept import gemm_paths, intercept
+
+__all__ = ["Dense", "DenseGeneral", "LayerNormDense", "LayerNormMLP", "DotGeneral", "Einsum",
+           "intercept", "gemm_paths", "QUANTIZED_KERNELS", "ACTIVATIONS", "layer_path"]

@@ -301,15 +301,24 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
 
 class Dense(DenseGeneral):
   """`x[..., K] . kernel[K, features] + bias` under the recipe (the linen Dense API):
-  a DenseGeneral over the last axis, with an int `features`."""
+  a DenseGeneral over the last axis, with an int `features`.
+
+  `features` is positional, every other field a keyword: `use_bias`, `dtype`,
+  `param_dtype`, `kernel_init`, `bias_init`, `kernel_axes`, `bias_axes`, `recipe`
+  (None: the rules / autocast recipe) and `state_collection`, as in `DenseGeneral`.
+  Called as `Dense(features)(x)`: x [..., K] bf16 / f16 / f32 -> [..., features] in
+  `dtype` (None: promoted from x and the params).
+  """
 
 
 class LayerNormDense(nn.Module):
   """LayerNorm or RMSNorm, then a DenseGeneral (the norm runs in high precision).
 
+  `features`, `axis`, `use_bias`, `dtype`, `param_dtype`, `kernel_init`, `bias_init`,
+  `kernel_axes`, `bias_axes`, `recipe` and `state_collection` are as in DenseGeneral (its
+  submodule `dense`).
+
   Attributes:
-    features, axis, use_bias, dtype, param_dtype, kernel_init, bias_init, kernel_axes,
-      bias_axes, recipe, state_collection: as in DenseGeneral (its submodule `dense`).
     norm_type: "layernorm" or "rmsnorm" (submodule `norm`, normalizing the last axis).
     epsilon: the norm's epsilon.
   """

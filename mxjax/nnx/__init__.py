@@ -2,3 +2,5 @@
 
 from mxjax.nnx.modules import Linear, QuantizedKernel, RecipeStateVar
 from mxjax.nnx.quantize_model import MXProduct, gemm_paths, quantize
+
+__all__ = ["Linear", "QuantizedKernel", "RecipeStateVar", "quantize", "gemm_paths", "MXProduct"]
