@@ -33,11 +33,14 @@ __all__ = [
     "BLOCK_SIZES", "ElementFormat", "ScaleMode", "element_format", "MXArray",
     # ops
     "quantize", "quantize_2x", "dequantize", "fake_quantize", "dot_general", "matmul",
-    "einsum",
+    "einsum", "ragged_dot",
     # recipes and context
     "Recipe", "Format", "MXFP8BlockScaling", "MXFP6BlockScaling", "MXFP4BlockScaling",
-    "MXBlockScaling", "DelayedScaling", "Float8CurrentScaling", "autocast", "get_recipe",
-    "quantized_model_init",
+    "MXBlockScaling", "NVFP4BlockScaling", "Float8BlockScaling", "DelayedScaling",
+    "Float8CurrentScaling", "autocast", "get_recipe", "quantized_model_init",
+    "quantize_params",
+    # every product of any model: the function transformation and what it did
+    "quantized", "coverage", "Coverage", "Product",
     # linen modules (also in mxjax.linen)
     "Dense", "DenseGeneral", "LayerNormDense", "LayerNormMLP",
     # reports and platform

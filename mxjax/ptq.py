@@ -106,8 +106,8 @@ def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
     from it. An MXArray already there (quantized earlier) is kept if it fits its recipe.
 
   Raises:
-    ValueError naming the path: a kernel that is not 2-D or more, a rule that matches no
-    leaf, a recipe that is not MX, an MXArray there that another recipe made.
+    ValueError: naming the path: a kernel that is not 2-D or more, a rule that matches no
+      leaf, a recipe that is not MX, an MXArray there that another recipe made.
   """
   where = "quantize_params"
   recipe = _check_mx_recipe(recipe, where)

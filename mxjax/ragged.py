@@ -69,7 +69,8 @@ def ragged_dot(lhs, rhs, group_sizes, *, fwd_format="e4m3", bwd_format="e5m2",
     [M, N] of `preferred_element_type`.
 
   Raises:
-    ValueError / TypeError for shapes or dtypes `ragged_dot` does not take.
+    ValueError: operands that are not [M, K], [G, K, N] and [G].
+    TypeError: operands that are not bf16 / f16 / f32, or group sizes not integers.
   """
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],) or (
