@@ -36,7 +36,8 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
-from mxjax import _gemm, context, formats, products, rules as rules_lib, state as state_lib
+from mxjax import _gemm, context, formats, products, ragged, rules as rules_lib
+from mxjax import state as state_lib
 from mxjax.mxarray import MXArray
 
 def quantized(fn, rules=None, *, name: str | None = None):
@@ -320,7 +321,6 @@ class _Walk:
     return jax.random.fold_in(self.rng, len(self.paths))
 
   def _ragged(self, eqn, invals, names, activations: bool):
-    from mxjax import ragged  # noqa: PLC0415  (ragged imports dot, as this file does)
     lhs, rhs, group_sizes = invals[:3]
     path, op = self._name(names, "ragged_dot")
     p = eqn.params

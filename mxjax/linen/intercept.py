@@ -205,8 +205,6 @@ def _every_product(module: nn.Module, ctx, args, kwargs):
                                 rules=rules, where=where, strip=root, weight_args=2,
                                 dequantize=_params_dequantized, rng=rng)
 
-    
-
     return lift.pack(inner, (True,), (True,), (True,), name="mx", enable_kwargs=True)(
         scopes, *a, **k)
 

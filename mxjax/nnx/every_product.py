@@ -30,15 +30,6 @@ def intercept_calls(model: nnx.Module, rules) -> None:
   model._mx_rules = tuple(rules)
 
 
-def release(model: nnx.Module) -> None:
-  """Undoes `intercept_calls`."""
-  base = getattr(type(model), "_mx_base", None)
-  if base is not None:
-    object.__setattr__(model, "__class__", base)
-    if hasattr(model, "_mx_rules"):
-      del model._mx_rules
-
-
 @functools.cache
 def _intercepting_class(base: type) -> type:
   original = base.__call__
