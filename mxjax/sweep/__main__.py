@@ -280,7 +280,8 @@ def main(argv=None) -> int:
                                  max_len=args.seq_len)
   lm = model_lib.LanguageModel(config, dtype=jnp.bfloat16)
   seeds = [args.seed + i for i in range(args.seeds)]
-  layers = mxl.gemm_paths(lm, jnp.zeros((1, args.seq_len), jnp.int32))
+  layers = [p for p in mxl.gemm_paths(lm, jnp.zeros((1, args.seq_len), jnp.int32))
+            if not p.activations]  # the GEMM layers (attention's own products stay bf16)
   s = _Sweep(args, sweep_formats, data, config, lm,
              train.TrainConfig(steps=args.steps, learning_rate=args.lr, seed=args.seed),
              {seed: train.init_params(lm, seed, args.seq_len) for seed in seeds},

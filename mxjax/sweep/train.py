@@ -19,10 +19,9 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from mxjax import linen as mxl
 from mxjax import rules as rules_lib
 from mxjax import state as state_lib
-from mxjax.context import autocast
+from mxjax.context import autocast, layer_rules
 from mxjax.recipes import Recipe
 from mxjax.sweep import formats as formats_lib
 from mxjax.sweep import model as model_lib
@@ -114,7 +113,9 @@ class Treatment:
       applied to the kernels before every forward pass (weight-only rows), or None.
     rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
       first matching rule says None stays in high precision, for the recipe (applied with
-      `mxjax.linen.intercept`) and for `weight_quantizer` alike; () reaches every GEMM.
+      `mxjax.context.layer_rules`: the model's layers are mxjax's own, and its attention
+      products stay in high precision, as TransformerEngine keeps them) and for
+      `weight_quantizer` alike; () reaches every GEMM.
   """
 
   recipe: Recipe | None = None
@@ -142,7 +143,7 @@ class Treatment:
     with contextlib.ExitStack() as stack:
       stack.enter_context(autocast(enabled=self.recipe is not None, recipe=self.recipe))
       if self.rules:
-        stack.enter_context(mxl.intercept(self.rules))
+        stack.enter_context(layer_rules(self.rules))
       yield
 
   def quantizes(self, layer: str) -> bool:
