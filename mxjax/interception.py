@@ -310,9 +310,9 @@ class _Walk:
       return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
                            out_sharding=eqn.params.get("out_sharding"),
-                           rng=self._key(recipe, path))[0]
+                           rng=self._key(recipe))[0]
 
-  def _key(self, recipe, path: str):
+  def _key(self, recipe):
     """The stochastic-rounding key of one product: the call's key (linen's "mx" rng
     stream) folded with its number; None without one (the backward then says where a key
     goes; a forward alone needs none)."""
@@ -328,8 +328,10 @@ class _Walk:
     recipe, reason = self._plan(path, lhs, rhs, jnp.shape(lhs)[-1], eqn.outvars[0].aval.dtype)
     if recipe is not None and not form:
       recipe, reason = None, "a ragged_dot_general other than [M, K] x [G, K, N]"
-    if recipe is not None and (not recipe.mx() or p.get("group_offset") is not None):
-      recipe, reason = None, "ragged_dot runs MX block recipes only, without group_offset"
+    if recipe is not None and (not recipe.mx() or recipe.block_roles() is not None
+                               or p.get("group_offset") is not None):
+      recipe, reason = None, ("ragged_dot runs plain MX recipes only (no 2-D blocks, "
+                              "stochastic rounding or RHT; no group_offset)")
     self._note(path, recipe, reason)
     flops = 2 * math.prod(jnp.shape(lhs)) * jnp.shape(rhs)[-1]
     if recipe is None:
