@@ -267,10 +267,10 @@ def _unbatched_like_vmap(axis_size, in_batched, amax, like):
 
 
 def _core_axis_names() -> tuple:
-  """Every named axis bound here, from jax's private core: no public API lists those of a
-  named vmap."""
-  from jax._src import core
-  return tuple(core.unsafe_get_axis_names())
+  """Every named axis bound here (a named vmap's too), from `jax.extend.core`: the only
+  public listing, marked unsafe there, so `bound_axis_names` falls back where it is gone."""
+  from jax.extend import core  # noqa: PLC0415
+  return tuple(core.unsafe_get_axis_names_DO_NOT_USE())
 
 
 def manual_mesh_axes() -> tuple:
@@ -282,8 +282,8 @@ def manual_mesh_axes() -> tuple:
 def bound_axis_names() -> tuple:
   """Named axes bound here (inside shard_map / pmap / named vmap), or ().
 
-  A jax whose private core lacks the listing falls back to the public `manual_mesh_axes`,
-  which still covers shard_map and pmap.
+  A jax whose `jax.extend.core` lacks the listing falls back to `manual_mesh_axes`, which
+  still covers shard_map and pmap.
   """
   try:
     return _core_axis_names()
