@@ -91,7 +91,7 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[products.ProductPath]
     return module.init(jax.random.key(0), *args, **kwargs)
 
   with context.autocast(recipe=MXFP8BlockScaling()), context.quantized_model_init(
-      enabled=False), intercept(), _intercepting_init():
+      enabled=False), intercept(), _set("at_init"):
     report = products.coverage(init)
   return products.paths_to_quantize(report)
 
@@ -111,28 +111,19 @@ def _with_product(module: nn.Module, dot_general_cls, next_fun, args, kwargs):
     object.__setattr__(module, "dot_general_cls", None)
 
 
+#: Per thread: `inside` (the outermost call runs through the core: inner calls as they
+#: are) and `at_init` (`init` intercepted too: `gemm_paths`; it otherwise runs as it is).
 _OUTERMOST = threading.local()
 
 
 @contextlib.contextmanager
-def _inside_the_model():
-  before = getattr(_OUTERMOST, "inside", False)
-  _OUTERMOST.inside = True
+def _set(flag: str):
+  before = getattr(_OUTERMOST, flag, False)
+  setattr(_OUTERMOST, flag, True)
   try:
     yield
   finally:
-    _OUTERMOST.inside = before
-
-
-@contextlib.contextmanager
-def _intercepting_init():
-  """`init` intercepted too (`gemm_paths`; a model's `init` otherwise runs as it is)."""
-  before = getattr(_OUTERMOST, "at_init", False)
-  _OUTERMOST.at_init = True
-  try:
-    yield
-  finally:
-    _OUTERMOST.at_init = before
+    setattr(_OUTERMOST, flag, before)
 
 
 def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
@@ -141,7 +132,7 @@ def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
       and callable(getattr(type(module), ctx.method_name, None))  # not Flax's own lambdas
       and context.get_recipe() is not None and module.scope is not None):
     if module.is_initializing() and not getattr(_OUTERMOST, "at_init", False):
-      with _inside_the_model():  # init runs as it is: the stock params, bit for bit
+      with _set("inside"):  # init runs as it is: the stock params, bit for bit
         return _interceptor(next_fun, args, kwargs, ctx, state_collection=state_collection)
     return _every_product(module, ctx, args, kwargs)
   if ctx.method_name != "__call__":
@@ -200,7 +191,7 @@ def _every_product(module: nn.Module, ctx, args, kwargs):
       probe = probe[0] if isinstance(probe, (list, tuple)) else probe
       rng = probe.make_rng("mx") if recipe.needs_rng() and probe.has_rng("mx") else None
 
-      with _inside_the_model():
+      with _set("inside"):
         return interception.run(pure, (variable_groups, rng_groups, a, k), {}, recipe=recipe,
                                 rules=rules, where=where, strip=root, weight_args=2,
                                 dequantize=_params_dequantized, rng=rng)
