@@ -11,7 +11,7 @@ import dataclasses
 
 from mxjax import block_format as bfmt
 from mxjax.block_format import BlockFormat, ScaleFormat
-from mxjax.recipes import Format, Recipe, _format
+from mxjax.recipes import _FP8FormatRoles, Format, Recipe, _format
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +136,7 @@ class NVFP4BlockScaling(_BlockRecipe):
 
 
 @dataclasses.dataclass(frozen=True)
-class Float8BlockScaling(_BlockRecipe):
+class Float8BlockScaling(_FP8FormatRoles, _BlockRecipe):
   """DeepSeek-V3-style FP8 (TransformerEngine's recipe): E4M3 in 1x128 blocks for inputs
   and gradients and 128x128 tiles for weights, FP32 scales (powers of two by default).
   1.03 B/param for 1x128 blocks, 1.0002 for 128x128 tiles.
@@ -171,14 +171,6 @@ class Float8BlockScaling(_BlockRecipe):
       raise NotImplementedError("Float8BlockScaling: fp8_dpa / fp8_mha (FP8 attention) are "
                                 "not supported by mxjax")
     self.block_roles()  # 2-D x with 2-D grad is refused there
-
-  @property
-  def fwd_format(self) -> str:
-    return self.fp8_format.fwd
-
-  @property
-  def bwd_format(self) -> str:
-    return self.fp8_format.bwd
 
   def block_roles(self) -> BlockRoles:
     scale = ScaleFormat.FP32 if self.use_f32_scales else ScaleFormat.FP32_POW2

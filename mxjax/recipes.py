@@ -142,8 +142,21 @@ class _MXRecipe(Recipe):
     return self.stochastic_rounding
 
 
+class _FP8FormatRoles:
+  """`fwd_format` / `bwd_format` of a recipe with TransformerEngine's `fp8_format` field
+  (a `Format`: E4M3 both ways, or HYBRID: E4M3 forward, E5M2 gradients)."""
+
+  @property
+  def fwd_format(self) -> str:
+    return self.fp8_format.fwd
+
+  @property
+  def bwd_format(self) -> str:
+    return self.fp8_format.bwd
+
+
 @dataclasses.dataclass(frozen=True)
-class MXFP8BlockScaling(_MXRecipe):
+class MXFP8BlockScaling(_FP8FormatRoles, _MXRecipe):
   """MXFP8: E4M3 (or HYBRID: E4M3 forward, E5M2 gradients) in blocks of `block_size`.
 
   Attributes:
@@ -184,14 +197,6 @@ class MXFP8BlockScaling(_MXRecipe):
       raise NotImplementedError("MXFP8BlockScaling: fp8_dpa / fp8_mha (FP8 attention) are "
                                 "not supported by mxjax")
     self._check_block()
-
-  @property
-  def fwd_format(self) -> str:
-    return self.fp8_format.fwd
-
-  @property
-  def bwd_format(self) -> str:
-    return self.fp8_format.bwd
 
 
 def _element_format_name(value, field: str) -> str:
@@ -320,7 +325,7 @@ def _check_per_tensor_format(recipe) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DelayedScaling(Recipe):
+class DelayedScaling(_FP8FormatRoles, Recipe):
   """Per-tensor FP8 whose scale comes from a history of past amaxes (see mxjax.state).
 
   Each step quantizes with the scale in the state, records the tensor's amax in the
@@ -350,17 +355,9 @@ class DelayedScaling(Recipe):
     if int(self.amax_history_len) < 1:
       raise ValueError(f"amax_history_len must be >= 1, got {self.amax_history_len}")
 
-  @property
-  def fwd_format(self) -> str:
-    return self.fp8_format.fwd
-
-  @property
-  def bwd_format(self) -> str:
-    return self.fp8_format.bwd
-
 
 @dataclasses.dataclass(frozen=True)
-class Float8CurrentScaling(Recipe):
+class Float8CurrentScaling(_FP8FormatRoles, Recipe):
   """Per-tensor FP8 whose scale comes from the tensor's own amax: `fp8_max / amax / 2**margin`.
 
   Attributes:
@@ -376,14 +373,6 @@ class Float8CurrentScaling(Recipe):
 
   def __post_init__(self):
     _check_per_tensor_format(self)
-
-  @property
-  def fwd_format(self) -> str:
-    return self.fp8_format.fwd
-
-  @property
-  def bwd_format(self) -> str:
-    return self.fp8_format.bwd
 
 
 def recipe_for_quantized_weight(fmt: str, block_size: int, scale_mode: str) -> Recipe:
