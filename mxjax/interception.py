@@ -186,7 +186,8 @@ class _Walk:
     if name == "ragged_dot_general":
       return self._ragged(eqn, invals, names, activations)
     params = eqn.params
-    if not products.products_in(eqn):  # no product inside: as it is
+    inner = products.products_in(eqn)
+    if not inner:  # no product inside: as it is
       return self._bind(eqn, invals)
     sub = functools.partial(self._sub, names=names)
     if name in ("jit", "pjit", "closed_call", "core_call"):
@@ -209,7 +210,7 @@ class _Walk:
     if name == "shard_map":
       return self._shard_map(eqn, invals, sub(params["jaxpr"], in_w))
     if name.startswith("custom_"):
-      return self._custom(eqn, invals, names)
+      return self._custom(eqn, invals, names, inner)
     return self._bind(eqn, invals)
 
   @staticmethod
@@ -344,13 +345,13 @@ class _Walk:
                                scale_mode=recipe.scale_mode,
                                preferred_element_type=eqn.outvars[0].aval.dtype)
 
-  def _custom(self, eqn, invals, names):
-    """A custom_vjp / custom_jvp function with products: as it is (its derivative rule is
-    its author's), its products reported as kept, by its path."""
+  def _custom(self, eqn, invals, names, count: int):
+    """A custom_vjp / custom_jvp function with `count` products: as it is (its derivative
+    rule is its author's), its products reported as kept, by its path."""
     kind = eqn.primitive.name.removesuffix("_call")
     reason = f"inside a {kind} function (its own derivative rule)"
     module = self._module(names)
-    for _ in range(products.products_in(eqn)):
+    for _ in range(count):
       self._note(module, None, reason)
     with products.marked(products.SCOPE, (), (), 0, None, reason, module):
       return self._bind(eqn, invals)
