@@ -28,6 +28,9 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCpu);
     d["mxjax_dequantize"] = capsule(MxjaxDequantizeCpu);
     d["mxjax_fake_quantize"] = capsule(MxjaxFakeQuantizeCpu);
+    d["mxjax_block_quantize"] = capsule(MxjaxBlockQuantizeCpu);
+    d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCpu);
+    d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCpu);
     return d;
   }, "{target name: capsule} of the CPU (platform \"cpu\") handlers.");
 

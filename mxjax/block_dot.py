@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import block_codec, contraction, formats, products
+from mxjax import block_codec, block_ops, contraction, formats, products
 from mxjax.block_recipes import BlockRoles
 
 _MISSING_KEY = (
@@ -96,7 +96,7 @@ def _groups(config: _Config):
 
 def _q(x, bf, axis: int, rand=None):
   """(dequantized values f32 without the tensor scale, decode factor 1/S or None)."""
-  return block_codec.fake_quantize(x, bf, axis, rand)
+  return block_ops.fake_quantize(x, bf, axis, rand)
 
 
 def _dot(a, b, contract):

@@ -4,7 +4,8 @@ x an optional FP32 per-tensor scale. Pure data, no JAX ops.
 OCP MX is one case (E8M0 scales, 1x32 blocks); NVFP4 (E2M1, unsigned E4M3 scales, 1x16
 or 16x16 blocks, an FP32 tensor scale) and DeepSeek-style FP8 blocks (E4M3, FP32 scales,
 optionally powers of two, 1x128 or 128x128) are others. `mxjax.reference` holds the rules
-(`block_quantize`), `mxjax.block_codec` the plain-XLA path.
+(`block_quantize`), `mxjax.block_codec` the plain-XLA path, `mxjax.block_ops` the ops
+that lower to the CPU kernels or to that path.
 
 A block shape `(rows, cols)` acts on two axes of an operand: `(1, b)` is a 1-D block of b
 elements along one axis (the contraction, for a GEMM operand); `(b, b)` a square tile, the
@@ -40,6 +41,11 @@ class ScaleFormat(str, enum.Enum):
   @property
   def bytes(self) -> int:
     return 1 if self in (ScaleFormat.E8M0, ScaleFormat.E4M3) else 4
+
+  @property
+  def ffi_id(self) -> int:
+    """The id of ffi/include/mxjax/block_codec.h's ScaleKind."""
+    return list(ScaleFormat).index(self)
 
 
 #: Block shapes in use (rows, cols); any positive shape works in the XLA path.

@@ -54,7 +54,9 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
     call: by `kind`: quantize `x -> (data, scales) per blocked axis`; dequantize
       `(data, scales) -> x`; fake_quantize `x -> x` (quantized and dequantized). It must
       derive every shape from its arguments, since under sharding it runs on each
-      device's shard.
+      device's shard. Operands after those may follow: one of x's shape is sharded as
+      x (stochastic-rounding bits), one of rank 1 that is not is replicated (a tensor
+      scale).
     blocked_axes: the quantized axis of each (data, scales) pair, counted from the end
       (quantize_2x has two).
     block_size: elements per scale, B.
@@ -235,13 +237,16 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
     names turn manual. Over the mesh's other axes the operands are replicated (Explicit,
     by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
     the Shardy rule of `op` applies to them inside)."""
-    operands = [jax.sharding.reshard(a, NamedSharding(mesh, pspec)) for a in args]
+    first = 2 * len(blocked_axes) if dequantize else 1
+    specs = tuple(pspec if i < first or a.shape == x_shape else PartitionSpec()
+                  for i, a in enumerate(args))
+    operands = [jax.sharding.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
     names = {name for entry in pspec for name in axis_names(entry)}
     if not names:
       return op(*operands)
     auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
                     for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
-    return jax.shard_map(op if auto_left else call, mesh=mesh, in_specs=(pspec,) * len(args),
+    return jax.shard_map(op if auto_left else call, mesh=mesh, in_specs=specs,
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
 
@@ -290,9 +295,18 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, kind):
       for dim in (data_dim, scale_dim):
         quantized.append(" ".join(dim if i == a else dims[i] for i in range(rank)))
     x = " ".join(dims)
-    text = {"quantize": f"{x} -> {', '.join(quantized)}",
-            "dequantize": f"{', '.join(quantized)} -> {x}",
-            "fake_quantize": f"{x} -> {x}"}[kind]
+    first = 2 * len(pairs) if kind == "dequantize" else 1
+    extras = []
+    for i, t in enumerate(operand_types[first:]):
+      if tuple(t.shape) == tuple(full):
+        extras.append(x)
+      else:  # rank 1 (see blockwise_partitioned): replicated
+        extras.append(f"t{i}")
+        replicated.append(f"t{i}")
+    operands = ", ".join([x if kind != "dequantize" else ", ".join(quantized), *extras])
+    text = {"quantize": f"{operands} -> {', '.join(quantized)}",
+            "dequantize": f"{operands} -> {x}",
+            "fake_quantize": f"{operands} -> {x}"}[kind]
     named = set(re.findall(r"\w+", text))  # fake_quantize names no data or scale factor
     replicated = [f for f in replicated if f in named]
     sizes = {f: size for f, size in sizes.items() if f in named}
@@ -318,9 +332,12 @@ def _partition(call, blocked_axes, block_size, dequantize):
     sharding = x_info.sharding
     if not _holds_whole_blocks(sharding, x_info.shape, axes, block_size):
       sharding = _gathered(sharding, mesh, x_info.shape, axes, block_size)
+    first = 2 * len(axes) if dequantize else 1
+    args = tuple(sharding if i < first or tuple(a.shape) == tuple(x_info.shape)
+                 else NamedSharding(mesh, PartitionSpec()) for i, a in enumerate(arg_shapes))
     if dequantize:  # (data, scales) -> x
-      return mesh, call, sharding, (sharding,) * len(arg_shapes)
-    return mesh, call, (sharding,) * len(results), (sharding,)
+      return mesh, call, sharding, args
+    return mesh, call, (sharding,) * len(results), args
 
   return partition
 

@@ -487,6 +487,7 @@ void fake_quantize(const cpu::FakeQuantizeProblem& p, int64_t begin, int64_t end
 
 const mxjax::cpu::Kernels& mxjax::cpu::MXJAX_CAT(kernels_, MXJAX_ISA_NS)() {
   static const Kernels table = {MXJAX_STR(MXJAX_ISA_NS), &mxjax::quantize, &mxjax::quantize_2x,
-                                &mxjax::dequantize, &mxjax::fake_quantize};
+                                &mxjax::dequantize, &mxjax::fake_quantize,
+                                &MXJAX_CAT(block_kernels_, MXJAX_ISA_NS)()};
   return table;
 }

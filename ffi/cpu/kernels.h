@@ -67,6 +67,34 @@ struct FakeQuantizeProblem {
   bool stream;  // as in DequantizeProblem
 };
 
+// A block-scaled format (mxjax/block_format.py; ids of ffi/include/mxjax/block_codec.h):
+// x viewed as [batch, rows, cols] in tiles of tile_rows x tile_cols. 1-D blocks of b along
+// the last axis are [outer, 1, n] in 1 x b tiles; along a strided axis [outer, n, inner] in
+// b x 1 tiles; 2-D blocks [..., R, C] in b x b tiles. Work units: one (batch, tile row,
+// run of whole tiles about kUnitCols columns wide) each.
+struct BlockProblem {
+  int32_t format, scale, mode;
+  int64_t tile_rows, tile_cols, batch, rows, cols;
+  uint32_t tensor_scale;  // f32 bits of the FP32 tensor scale; 0 where there is none
+  const void* x;          // quantize / fake_quantize: bf16, f16 or f32 (dtype)
+  int32_t dtype;
+  const uint32_t* rand;   // stochastic-rounding bits of x's shape, or nullptr (nearest even)
+  uint8_t* codes;         // quantize: [batch, rows, cols], one code per byte
+  void* scales;           // quantize: [batch, ceil(rows/tr), ceil(cols/tc)], u8 or f32 bits
+  const uint8_t* in_codes;  // dequantize: as codes
+  const void* in_scales;    // dequantize: as scales
+  bool apply_tensor_scale;  // dequantize: divide by the tensor scale
+  float* out;               // dequantize / fake_quantize (no tensor scale applied): f32
+};
+
+// Columns of a BlockProblem's work unit: whole tiles, about kUnitCols.
+inline int64_t unit_cols(const BlockProblem& p) {
+  return p.tile_cols * (p.tile_cols < kUnitCols ? kUnitCols / p.tile_cols : 1);
+}
+inline int64_t units(const BlockProblem& p) {
+  return p.batch * ceil_div(p.rows, p.tile_rows) * ceil_div(p.cols, unit_cols(p));
+}
+
 inline int64_t units(int64_t block, int64_t outer, int64_t n, int64_t inner) {
   int64_t nb = ceil_div(n, block);
   return inner == 1 ? outer * nb : outer * nb * ceil_div(inner, kUnitCols);
@@ -80,6 +108,13 @@ inline int64_t units(const Quantize2xProblem& p) {
   return p.batch * ceil_div(p.m, p.block) * ceil_div(p.k, kUnitCols);
 }
 
+// The block-scaled kernels of one SIMD level (block_kernels.cc).
+struct BlockKernels {
+  void (*quantize)(const BlockProblem&, int64_t begin, int64_t end);
+  void (*dequantize)(const BlockProblem&, int64_t begin, int64_t end);
+  void (*fake_quantize)(const BlockProblem&, int64_t begin, int64_t end);
+};
+
 // Kernels for one SIMD level; each runs work units [begin, end) of its problem.
 struct Kernels {
   const char* simd;
@@ -87,11 +122,15 @@ struct Kernels {
   void (*quantize_2x)(const Quantize2xProblem&, int64_t begin, int64_t end);
   void (*dequantize)(const DequantizeProblem&, int64_t begin, int64_t end);
   void (*fake_quantize)(const FakeQuantizeProblem&, int64_t begin, int64_t end);
+  const BlockKernels* block;
 };
 
 const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();
+const BlockKernels& block_kernels_scalar();
+const BlockKernels& block_kernels_avx2();
+const BlockKernels& block_kernels_avx512();
 
 // The level in use: the best this CPU runs (MXJAX_SIMD=scalar|avx2|avx512 caps it) until
 // set_simd() picks another.

@@ -16,8 +16,10 @@ import dataclasses
 import functools
 from typing import Callable
 
+import jax
+
+from mxjax import block_ops
 from mxjax import formats as mx_formats
-from mxjax import block_codec
 from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
 from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
                            MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
@@ -179,6 +181,6 @@ def parse(names: str) -> list[SweepFormat]:
 def _block_weight(w, bf):
   """w [K, N] -> block quantize-dequantize (tensor scale applied) along K, or in tiles;
   straight-through gradient."""
-  codes, scales, ts = block_codec.quantize(w, bf, 0)
-  wq = block_codec.dequantize(codes, scales, ts, bf, 0).astype(w.dtype)
+  codes, scales, ts = block_ops.quantize(jax.lax.stop_gradient(w), bf, 0)
+  wq = block_ops.dequantize(codes, scales, ts, bf, 0).astype(w.dtype)
   return baselines._straight_through(w, wq)

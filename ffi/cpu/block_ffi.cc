@@ -1,0 +1,195 @@
+// XLA FFI handlers (platform "cpu") of the block-scaled formats: mxjax_block_quantize,
+// mxjax_block_dequantize and mxjax_block_fake_quantize (mxjax/block_ops.py calls them).
+//
+// Attributes: format (element id), scale (ScaleKind), scale_mode, block_rows, block_cols
+// ((1, b): 1-D blocks along `axis`; (b, b): 2-D tiles over the last two axes), axis.
+// Operands besides the data: `rand`, uint32 of x's shape (stochastic rounding) or of
+// shape (1,) (nearest even; attribute stochastic_rounding); `tensor_scale`, uint32[1] of
+// f32 bits (0: none).
+#include <cstdint>
+#include <string>
+
+#include "checks.h"
+#include "handlers.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace mxjax::cpu {
+namespace {
+
+constexpr int32_t kScaleFP32 = 2;  // scale ids from 2 on are f32 bits (uint32)
+
+// Fills p's shape fields from x's dims; an error for bad attributes.
+ffi::Error block_view(ffi::AnyBuffer::Dimensions dims, int32_t format, int32_t scale,
+                      int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
+                      BlockProblem& p) {
+  if (!format_info(format)) return invalid("unknown format id " + std::to_string(format));
+  if (scale < 0 || scale > 3) return invalid("unknown scale format id " + std::to_string(scale));
+  if (mode != 0 && mode != 1) return invalid("unknown scale_mode id " + std::to_string(mode));
+  if (block_cols < 1 || block_cols > kUnitCols * 64 || (block_rows != 1 && block_rows != block_cols)) {
+    return invalid("block must be (1, b) or (b, b) with 1 <= b <= 32768");
+  }
+  const int64_t rank = dims.size();
+  p.format = format, p.scale = scale, p.mode = mode;
+  if (block_rows > 1) {
+    if (rank < 2) return invalid("2-D blocks need an input of rank >= 2");
+    p.batch = 1;
+    for (int64_t i = 0; i < rank - 2; ++i) p.batch *= dims[i];
+    p.rows = dims[rank - 2], p.cols = dims[rank - 1];
+    p.tile_rows = p.tile_cols = block_cols;
+    return ffi::Error::Success();
+  }
+  if (axis < 0 || axis >= rank) return invalid("axis " + std::to_string(axis) + " out of range");
+  int64_t outer, n, inner;
+  view3(dims, axis, outer, n, inner);
+  p.batch = outer;
+  if (inner == 1) {
+    p.rows = 1, p.cols = n, p.tile_rows = 1, p.tile_cols = block_cols;
+  } else {
+    p.rows = n, p.cols = inner, p.tile_rows = block_cols, p.tile_cols = 1;
+  }
+  return ffi::Error::Success();
+}
+
+int64_t scale_count(const BlockProblem& p) {
+  return p.batch * ceil_div(p.rows, p.tile_rows) * ceil_div(p.cols, p.tile_cols);
+}
+
+ffi::Error check_scales(const ffi::AnyBuffer& scales, const BlockProblem& p) {
+  auto type = p.scale >= kScaleFP32 ? ffi::DataType::U32 : ffi::DataType::U8;
+  if (scales.element_type() != type) return invalid("scales have the wrong dtype");
+  if (int64_t(scales.element_count()) != scale_count(p)) return invalid("scales have the wrong size");
+  return ffi::Error::Success();
+}
+
+ffi::Error check_extras(const ffi::AnyBuffer& rand, const ffi::AnyBuffer& ts, int64_t n,
+                        bool stochastic_rounding, BlockProblem& p) {
+  if (rand.element_type() != ffi::DataType::U32 ||
+      (stochastic_rounding && int64_t(rand.element_count()) != n)) {
+    return invalid("rand must be uint32 of x's shape under stochastic rounding");
+  }
+  if (ts.element_type() != ffi::DataType::U32 || ts.element_count() != 1) {
+    return invalid("tensor_scale must be a uint32 scalar (f32 bits)");
+  }
+  p.rand = stochastic_rounding ? static_cast<const uint32_t*>(rand.untyped_data()) : nullptr;
+  p.tensor_scale = *static_cast<const uint32_t*>(ts.untyped_data());
+  return ffi::Error::Success();
+}
+
+template <class Run>
+ffi::Future run_units(ffi::ThreadPool& pool, const BlockProblem& p, Run run) {
+  const int64_t u = units(p);
+  if (u == 0) return ready_future();
+  return parallel_for(pool, u, p.batch * p.rows * p.cols / u, run);
+}
+
+ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
+                          ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> codes,
+                          ffi::Result<ffi::AnyBuffer> scales, int32_t format, int32_t scale,
+                          int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
+                          bool stochastic_rounding) {
+  BlockProblem p{};
+  auto dtype = high_precision(x.element_type());
+  if (!dtype) return ready_future(invalid("block quantize needs a bf16, f16 or f32 input"));
+  p.x = x.untyped_data(), p.dtype = *dtype;
+  if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+      !e.success()) {
+    return ready_future(e);
+  }
+  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p); !e.success()) return ready_future(e);
+  if (codes->element_type() != ffi::DataType::U8 || codes->element_count() != x.element_count()) {
+    return ready_future(invalid("codes must be uint8 of x's shape"));
+  }
+  if (auto e = check_scales(*scales, p); !e.success()) return ready_future(e);
+  p.codes = static_cast<uint8_t*>(codes->untyped_data());
+  p.scales = scales->untyped_data();
+  const BlockKernels& k = *kernels().block;
+  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); });
+}
+
+ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
+                              ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> out, int32_t format,
+                              int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
+                              int64_t axis, bool stochastic_rounding) {
+  BlockProblem p{};
+  auto dtype = high_precision(x.element_type());
+  if (!dtype) return ready_future(invalid("block fake_quantize needs a bf16, f16 or f32 input"));
+  p.x = x.untyped_data(), p.dtype = *dtype;
+  if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+      !e.success()) {
+    return ready_future(e);
+  }
+  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p); !e.success()) return ready_future(e);
+  if (out->element_type() != ffi::DataType::F32 || out->element_count() != x.element_count()) {
+    return ready_future(invalid("out must be float32 of x's shape"));
+  }
+  p.out = static_cast<float*>(out->untyped_data());
+  const BlockKernels& k = *kernels().block;
+  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.fake_quantize(p, b, e); });
+}
+
+ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
+                            ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> out, int32_t format,
+                            int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
+                            int64_t axis, bool apply_tensor_scale) {
+  BlockProblem p{};
+  if (codes.element_type() != ffi::DataType::U8) return ready_future(invalid("codes must be uint8"));
+  if (auto e = block_view(codes.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+      !e.success()) {
+    return ready_future(e);
+  }
+  if (auto e = check_scales(scales, p); !e.success()) return ready_future(e);
+  if (ts.element_type() != ffi::DataType::U32 || ts.element_count() != 1) {
+    return ready_future(invalid("tensor_scale must be a uint32 scalar (f32 bits)"));
+  }
+  if (out->element_type() != ffi::DataType::F32 || out->element_count() != codes.element_count()) {
+    return ready_future(invalid("out must be float32 of the codes' shape"));
+  }
+  p.in_codes = static_cast<const uint8_t*>(codes.untyped_data());
+  p.in_scales = scales.untyped_data();
+  p.tensor_scale = *static_cast<const uint32_t*>(ts.untyped_data());
+  p.apply_tensor_scale = apply_tensor_scale;
+  p.out = static_cast<float*>(out->untyped_data());
+  const BlockKernels& k = *kernels().block;
+  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.dequantize(p, b, e); });
+}
+
+}  // namespace
+}  // namespace mxjax::cpu
+
+#define MXJAX_BLOCK_ATTRS                  \
+  .Attr<int32_t>("format")                 \
+      .Attr<int32_t>("scale")              \
+      .Attr<int32_t>("scale_mode")         \
+      .Attr<int64_t>("block_rows")         \
+      .Attr<int64_t>("block_cols")         \
+      .Attr<int64_t>("axis")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantizeCpu, mxjax::cpu::BlockQuantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
+                                  .Attr<bool>("stochastic_rounding"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockFakeQuantizeCpu, mxjax::cpu::BlockFakeQuantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
+                                  .Attr<bool>("stochastic_rounding"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockDequantizeCpu, mxjax::cpu::BlockDequantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
+                                  .Attr<bool>("apply_tensor_scale"));

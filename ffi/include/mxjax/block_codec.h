@@ -1,0 +1,188 @@
+// Block-scaled formats (mxjax/block_format.py): the per-block scale rules (E8M0, unsigned
+// E4M3 with an FP32 tensor scale, FP32, power-of-two FP32) and the element rounding
+// (nearest even, or stochastic from given bits), as mxjax/reference.py's block_quantize
+// and block_dequantize state them, bit for bit.
+//
+// A nonzero magnitude is a Sig: sig * 2^exp with sig in [2^23, 2^24). The f32 products
+// and quotients the rules name are rounded to 24 bits, nearest even, with an unbounded
+// exponent: each is one f32 multiply or divide of the two significands as values in
+// [1, 2), whose result is normal, so no FTZ / DAZ setting can change it.
+#ifndef MXJAX_BLOCK_CODEC_H_
+#define MXJAX_BLOCK_CODEC_H_
+
+#include <cstdint>
+
+#include "mxjax/codec.h"
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+
+// Ids shared with mxjax/block_format.py (ScaleFormat.ffi_id).
+enum ScaleKind : int32_t { kScaleE8M0 = 0, kScaleE4M3 = 1, kScaleFP32 = 2, kScaleFP32Pow2 = 3 };
+
+struct Sig {
+  uint32_t sig;  // 0, or in [2^23, 2^24)
+  int32_t exp;
+};
+
+// The Sig of a finite f32 magnitude (bits, sign clear); {0, 0} for zero.
+MXJAX_HD Sig sig_of_bits(uint32_t mag) {
+  uint32_t ef = mag >> 23, man = mag & 0x7FFFFFu;
+  if (ef != 0) return {man | 0x800000u, int32_t(ef) - 150};
+  if (man == 0) return {0, 0};
+  int shift = 23 - floor_log2_u32(man);
+  return {man << shift, -149 - shift};
+}
+
+// A small positive integer times 2^exp (its significand normalized).
+MXJAX_HD Sig sig_of_int(uint32_t v, int32_t exp) {
+  if (v == 0) return {0, 0};
+  int shift = 23 - floor_log2_u32(v);
+  return {v << shift, exp - shift};
+}
+
+MXJAX_HD float unit(uint32_t sig) { return as_float(0x3F800000u | (sig & 0x7FFFFFu)); }
+
+// a * b, rounded to 24 bits.
+MXJAX_HD Sig mul24(Sig a, Sig b) {
+  uint32_t r = as_bits(unit(a.sig) * unit(b.sig));  // in [1, 4)
+  Sig out{(r & 0x7FFFFFu) | 0x800000u, int32_t(r >> 23) - 127 + a.exp + b.exp + 23};
+  return (a.sig == 0 || b.sig == 0) ? Sig{0, 0} : out;
+}
+
+// a / b (b nonzero), rounded to 24 bits.
+MXJAX_HD Sig div24(Sig a, Sig b) {
+  uint32_t q = as_bits(unit(a.sig) / unit(b.sig));  // in (0.5, 2)
+  Sig out{(q & 0x7FFFFFu) | 0x800000u, int32_t(q >> 23) - 127 - 23 + a.exp - b.exp};
+  return a.sig == 0 ? Sig{0, 0} : out;
+}
+
+// The magnitude code of a Sig on a float grid with `man_bits` mantissa bits and smallest
+// normal exponent `emin` (subnormals included, no top: callers saturate), nearest even.
+MXJAX_HD uint32_t round_to_grid(Sig v, int32_t emin, int32_t man_bits) {
+  int32_t ev = imax(23 + v.exp, emin);
+  int32_t shift = ev - man_bits - v.exp;  // >= 0 for man_bits <= 23
+  uint32_t right = uint32_t(shift < 0 ? 0 : shift > 31 ? 31 : shift);
+  uint32_t kept = v.sig >> right;
+  uint32_t rem = v.sig - (kept << right);
+  uint32_t half = 1u << ((right > 0 ? right : 1) - 1);
+  uint32_t up = right > 0 && (rem > half || (rem == half && (kept & 1u)));
+  uint32_t code = (uint32_t(ev - emin) << man_bits) + kept + up;
+  return v.sig == 0 ? 0 : code;
+}
+
+// round_to_grid rounding up with probability rem / quantum: iff rand < rem * 2^32 / quantum.
+MXJAX_HD uint32_t round_to_grid_sr(Sig v, int32_t emin, int32_t man_bits, uint32_t rand) {
+  int32_t ev = imax(23 + v.exp, emin);
+  int32_t shift = ev - man_bits - v.exp;  // >= 20 for element formats
+  uint32_t right = uint32_t(shift > 31 ? 31 : shift);
+  uint32_t kept = shift > 31 ? 0 : v.sig >> right;
+  uint32_t rem = v.sig - (kept << right);
+  uint32_t t = shift <= 31   ? rem << (32 - right)
+               : shift == 32 ? rem
+                             : rem >> (shift - 32 > 31 ? 31 : shift - 32);
+  uint32_t code = (uint32_t(ev - emin) << man_bits) + kept + uint32_t(rand < t);
+  return v.sig == 0 ? 0 : code;
+}
+
+// f32 bits of a Sig: nearest even with subnormals, Inf past FLT_MAX.
+MXJAX_HD uint32_t f32_of(Sig v) { return umin(round_to_grid(v, -126, 23), kF32Inf); }
+
+// The Sig of an unsigned E4M3 code (no NaN).
+MXJAX_HD Sig e4m3_value(uint32_t code) {
+  uint32_t ef = code >> 3, man = code & 7u;
+  return sig_of_int(ef > 0 ? man | 8u : man, int32_t(ef > 1 ? ef : 1) - 10);
+}
+
+// The Sig of a positive constant exact in f32.
+MXJAX_HD Sig sig_const(float v) { return sig_of_bits(as_bits(v)); }
+
+// A block's scale: what its elements are multiplied by (m), what it stores (a scale byte
+// or f32 bits) and what its codes decode with (d). `special`: the block holds NaN / Inf
+// (codes 0, the stored scale NaN).
+struct BlockScale {
+  Sig m, d;
+  uint32_t stored;
+  bool special;
+};
+
+// The scale of a block whose largest magnitude has f32 bits `amax` (sign clear), for
+// elements F and scale kind `kind`; `s_enc` is the tensor scale (1 without one).
+template <class F>
+MXJAX_HD BlockScale block_scale(uint32_t amax, int32_t kind, int32_t mode, Sig s_enc) {
+  constexpr float kElemMax = float(F::max_sig) / float(1u << (23 - F::emax));  // exact
+  BlockScale s{};
+  s.special = amax >= kF32Inf;
+  if (s.special) amax = 0;
+  const Sig a = sig_of_bits(amax);
+  if (kind == kScaleE8M0) {
+    uint8_t byte = e8m0_from_amax<F>(amax, mode);
+    s.m = {0x800000u, kE8M0Bias - int32_t(byte) - 23};
+    s.d = {0x800000u, int32_t(byte) - kE8M0Bias - 23};
+    s.stored = s.special ? kE8M0NaN : byte;
+  } else if (kind == kScaleE4M3) {
+    Sig t = mul24(div24(a, sig_const(kElemMax)), s_enc);
+    uint32_t code = umin(round_to_grid(t, -6, 3), 0x7Eu);
+    s.d = e4m3_value(code);
+    s.m = s.d.sig == 0 ? Sig{0, 0} : div24(s_enc, s.d);
+    s.stored = s.special ? 0x7Fu : code;
+  } else {
+    Sig m = amax == 0 ? Sig{0x800000u, -23} : div24(sig_const(kElemMax), a);
+    if (kind == kScaleFP32Pow2) {
+      m = {0x800000u, m.exp < 104 ? m.exp : 104};
+    } else if (m.exp > 104) {
+      m = {0xFFFFFFu, 104};  // FLT_MAX
+    }
+    s.m = m;
+    uint32_t inv = f32_of(div24(sig_const(1.0f), m));
+    s.d = sig_of_bits(inv);
+    s.stored = s.special ? kF32QNaN : inv;
+  }
+  return s;
+}
+
+// The code of one element (f32 bits x) under a block's multiplier m: nearest even, or
+// stochastic from `rand` when kStochastic; saturated to +-max, sign kept.
+template <class F, bool kStochastic>
+MXJAX_HD uint32_t block_encode(uint32_t x, Sig m, uint32_t rand) {
+  Sig v = mul24(sig_of_bits(x & kF32Abs), m);
+  uint32_t mag = kStochastic ? round_to_grid_sr(v, F::emin, F::man_bits, rand)
+                             : round_to_grid(v, F::emin, F::man_bits);
+  return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
+}
+
+// The Sig of an element code's magnitude (codes past max decode as the grid continues).
+template <class F>
+MXJAX_HD Sig block_element_value(uint32_t code) {
+  uint32_t mag = code & F::mag_mask;
+  uint32_t ef = mag >> F::man_bits, man = mag & ((1u << F::man_bits) - 1);
+  return sig_of_int(ef > 0 ? man | (1u << F::man_bits) : man,
+                    int32_t(ef > 1 ? ef : 1) - F::bias - F::man_bits);
+}
+
+// f32 bits of code * d (divided by the tensor scale when `ts` is nonzero), sign kept.
+template <class F>
+MXJAX_HD uint32_t block_decode(uint32_t code, Sig d, Sig ts) {
+  Sig v = mul24(block_element_value<F>(code), d);
+  if (ts.sig != 0) v = div24(v, ts);
+  return f32_of(v) | ((code >> (F::bits - 1)) << 31);
+}
+
+// What a stored scale decodes with, and whether it is NaN.
+MXJAX_HD Sig stored_scale_value(uint32_t stored, int32_t kind, bool& nan) {
+  if (kind == kScaleE8M0) {
+    nan = stored == kE8M0NaN;
+    return {0x800000u, int32_t(stored) - kE8M0Bias - 23};
+  }
+  if (kind == kScaleE4M3) {
+    nan = stored == 0x7Fu;
+    return e4m3_value(stored);
+  }
+  nan = (stored & kF32Abs) > kF32Inf;
+  return sig_of_bits(stored & kF32Abs);
+}
+
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // MXJAX_BLOCK_CODEC_H_
