@@ -66,9 +66,10 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
   if kind not in CALL_KINDS:
     raise ValueError(f"blockwise_partitioned: kind must be one of {CALL_KINDS}, got {kind!r}")
   dequantize = kind != "quantize"  # the result is x-shaped
+  leading = 2 * len(blocked_axes) if kind == "dequantize" else 1  # operands before extras
   op = custom_partitioning(call)
   op.def_partition(
-      partition=_partition(call, blocked_axes, block_size, dequantize),
+      partition=_partition(call, blocked_axes, block_size, dequantize, leading),
       decode_shardings=False,
       sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, kind))
 
@@ -76,7 +77,7 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
     spec = typed_spec(args[0])
     if spec is None:  # no Explicit axis in the operand's type: Shardy's rule applies
       return op(*args)
-    return _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize)
+    return _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading)
 
   return run
 
@@ -217,7 +218,7 @@ def unshared_contraction(spec: Sequence, other: Sequence, contract: int, other_c
   return (*spec[:contract], target, *spec[contract + 1:])
 
 
-def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
+def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading):
   """`op(*args)` run per shard under `jax.shard_map`. Each (data, scales) pair comes from
   a call whose operand keeps its sharding, except along that pair's blocked axis when
   shards would cut blocks there (gathered first)."""
@@ -237,8 +238,7 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize):
     names turn manual. Over the mesh's other axes the operands are replicated (Explicit,
     by their types) or sharded as the partitioner propagates (Auto axes of a mixed mesh:
     the Shardy rule of `op` applies to them inside)."""
-    first = 2 * len(blocked_axes) if dequantize else 1
-    specs = tuple(pspec if i < first or a.shape == x_shape else PartitionSpec()
+    specs = tuple(pspec if i < leading or a.shape == x_shape else PartitionSpec()
                   for i, a in enumerate(args))
     operands = [jax.sharding.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
     names = {name for entry in pspec for name in axis_names(entry)}
@@ -322,7 +322,7 @@ def in_rule_order(factors: Sequence[str], rule: str) -> tuple[str, ...]:
   return tuple(sorted(factors, key=order.__getitem__))
 
 
-def _partition(call, blocked_axes, block_size, dequantize):
+def _partition(call, blocked_axes, block_size, dequantize, leading):
 
   def partition(mesh, arg_shapes, result_shape):
     results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
@@ -332,8 +332,7 @@ def _partition(call, blocked_axes, block_size, dequantize):
     sharding = x_info.sharding
     if not _holds_whole_blocks(sharding, x_info.shape, axes, block_size):
       sharding = _gathered(sharding, mesh, x_info.shape, axes, block_size)
-    first = 2 * len(axes) if dequantize else 1
-    args = tuple(sharding if i < first or tuple(a.shape) == tuple(x_info.shape)
+    args = tuple(sharding if i < leading or tuple(a.shape) == tuple(x_info.shape)
                  else NamedSharding(mesh, PartitionSpec()) for i, a in enumerate(arg_shapes))
     if dequantize:  # (data, scales) -> x
       return mesh, call, sharding, args

@@ -7,6 +7,7 @@
 // tile's scale is made once (scalar), then every element is encoded (and, for
 // fake_quantize, decoded) with its tile's multiplier.
 #include <cstdint>
+#include <type_traits>
 
 #include "gcc_diagnostics.h"
 #include "kernels.h"
@@ -44,40 +45,82 @@ int64_t scale_index(const BlockProblem& p, const Span& s) {
 
 Sig tensor_scale_sig(uint32_t bits) { return bits ? sig_of_bits(bits) : Sig{0x800000u, -23}; }
 
+// Codes (or, kFake, their decoded f32 values) of the n elements of x from c on, under
+// their tiles' scales: element c's (kPerElement: b x 1 tiles) or one (index 0) for all.
+// kFast: the f32 path (block_codec.h), else the Sig path. Restrict-qualified parameters
+// let the compiler vectorize without alias checks.
+template <class F, class In, bool kSR, bool kFake, bool kFast, bool kPerElement>
+inline __attribute__((always_inline)) void code_run(int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
+              uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
+              const Sig* __restrict m, const float* __restrict df, const Sig* __restrict d,
+              const uint32_t* __restrict special) {
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t j = kPerElement ? c : 0;
+    const uint32_t bits = In::widen(x[c]);
+    const uint32_t r = kSR ? rand[c] : 0;
+    uint32_t code = kFast ? block_encode_f32<F, kSR>(bits, mf[j], r)
+                          : block_encode<F, kSR>(bits, m[j], r);
+    code = special[j] ? 0 : code;
+    if (kFake) {
+      const uint32_t v = kFast ? as_bits(as_float(grid_value_bits<F>(code)) * df[j])
+                               : block_decode<F>(code, d[j], Sig{0, 0});
+      out[c] = as_float(special[j] ? kF32QNaN : v);
+    } else {
+      codes[c] = uint8_t(code);
+    }
+  }
+}
+
 // Quantize (kFake: dequantize in registers, f32 out, no tensor scale applied) the units
-// [begin, end) of p, elements F from In, stochastic rounding when kSR.
-template <class F, class In, bool kSR, bool kFake>
+// [begin, end) of p, elements F from In, stochastic rounding when kSR; tiles kTC columns
+// wide (0: p.tile_cols, a constant width lets the compiler unroll a tile's loops).
+template <class F, class In, bool kSR, bool kFake, int kTC>
 void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   using T = typename In::T;
   const T* x = static_cast<const T*>(p.x);
   const Sig s_enc = tensor_scale_sig(p.tensor_scale);
-  const int64_t tc = p.tile_cols;
-  uint32_t amax[kMaxUnitTiles], msig[kMaxUnitTiles], dsig[kMaxUnitTiles];
-  int32_t mexp[kMaxUnitTiles], dexp[kMaxUnitTiles];
-  bool special[kMaxUnitTiles];
+  const int64_t tc = kTC ? kTC : p.tile_cols;
+  uint32_t amax[kMaxUnitTiles];
+  Sig m[kMaxUnitTiles], d[kMaxUnitTiles];
+  float mf[kMaxUnitTiles], df[kMaxUnitTiles];
+  uint32_t special[kMaxUnitTiles];
+  bool fast[kMaxUnitTiles];
+  float mfe[cpu::kUnitCols], dfe[cpu::kUnitCols];  // per column, where tiles are spread
+  uint32_t spe[cpu::kUnitCols];
   for (int64_t u = begin; u < end; ++u) {
     const Span s = span_of(p, u);
     const int64_t width = s.c1 - s.c0, tiles = ceil_div(width, tc);
     for (int64_t j = 0; j < tiles; ++j) amax[j] = 0;
     for (int64_t r = s.r0; r < s.r1; ++r) {
-      const T* row = x + (s.b * p.rows + r) * p.cols + s.c0;
+      const T* __restrict row = x + (s.b * p.rows + r) * p.cols + s.c0;
       if (tc == 1) {
         for (int64_t c = 0; c < width; ++c) amax[c] = umax(amax[c], In::widen(row[c]) & kF32Abs);
         continue;
       }
       for (int64_t j = 0; j < tiles; ++j) {
+        const T* __restrict tile = row + j * tc;
+        const int64_t n = j * tc + tc <= width ? tc : width - j * tc;
         uint32_t a = 0;
-        for (int64_t c = j * tc, c1 = min64(width, c + tc); c < c1; ++c) {
-          a = umax(a, In::widen(row[c]) & kF32Abs);
-        }
+        for (int64_t c = 0; c < n; ++c) a = umax(a, In::widen(tile[c]) & kF32Abs);
         amax[j] = umax(amax[j], a);
       }
     }
     const int64_t si = scale_index(p, s);
+    bool all_fast = true;
+    auto scale_of = [&](uint32_t a) {
+      switch (p.scale) {
+        case kScaleE8M0: return block_scale<F, kScaleE8M0>(a, p.mode, s_enc);
+        case kScaleE4M3: return block_scale<F, kScaleE4M3>(a, p.mode, s_enc);
+        case kScaleFP32: return block_scale<F, kScaleFP32>(a, p.mode, s_enc);
+        default: return block_scale<F, kScaleFP32Pow2>(a, p.mode, s_enc);
+      }
+    };
     for (int64_t j = 0; j < tiles; ++j) {
-      const BlockScale bs = block_scale<F>(amax[j], p.scale, p.mode, s_enc);
-      msig[j] = bs.m.sig, mexp[j] = bs.m.exp, dsig[j] = bs.d.sig, dexp[j] = bs.d.exp;
+      const BlockScale bs = scale_of(amax[j]);
+      m[j] = bs.m, d[j] = bs.d, mf[j] = f32_value(bs.m), df[j] = f32_value(bs.d);
       special[j] = bs.special;
+      fast[j] = normal_f32(bs.m) && (!kFake || fast_decode<F>(bs.d, Sig{0, 0}));
+      all_fast = all_fast && fast[j];
       if (kFake) continue;
       if (p.scale >= kScaleFP32) {
         static_cast<uint32_t*>(p.scales)[si + j] = bs.stored;
@@ -85,31 +128,58 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         static_cast<uint8_t*>(p.scales)[si + j] = uint8_t(bs.stored);
       }
     }
+    // Narrow tiles (16, 32) whose scales all take the f32 path: spread the scales over the
+    // columns, so that whole rows run as one vector loop (a tile's codes are too few).
+    const bool spread = kTC > 1 && all_fast;
+    for (int64_t c = 0; spread && c < width; ++c) {
+      mfe[c] = mf[c / tc], dfe[c] = df[c / tc], spe[c] = special[c / tc];
+    }
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
-      const T* row = x + first;
-      const uint32_t* rand = kSR ? p.rand + first : nullptr;
-      // One element of tile j at column c of the run.
-      auto element = [&](int64_t c, uint32_t ms, int32_t me, bool sp, uint32_t ds, int32_t de) {
-        uint32_t code = block_encode<F, kSR>(In::widen(row[c]), Sig{ms, me}, kSR ? rand[c] : 0);
-        code = sp ? 0 : code;
-        if (kFake) {
-          p.out[first + c] = as_float(sp ? kF32QNaN : block_decode<F>(code, Sig{ds, de}, Sig{0, 0}));
-        } else {
-          p.codes[first + c] = uint8_t(code);
-        }
-      };
+      const T* xr = x + first;
+      const uint32_t* rr = kSR ? p.rand + first : nullptr;
+      uint8_t* cr = kFake ? nullptr : p.codes + first;
+      float* orow = kFake ? p.out + first : nullptr;
+      if (spread) {
+        code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mfe, m, dfe, d, spe);
+        continue;
+      }
       if (tc == 1) {
-        for (int64_t c = 0; c < width; ++c) element(c, msig[c], mexp[c], special[c], dsig[c], dexp[c]);
+        if (all_fast) {
+          code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mf, m, df, d, special);
+        } else {
+          code_run<F, In, kSR, kFake, false, true>(width, xr, rr, cr, orow, mf, m, df, d, special);
+        }
         continue;
       }
       for (int64_t j = 0; j < tiles; ++j) {
-        const uint32_t ms = msig[j], ds = dsig[j];
-        const int32_t me = mexp[j], de = dexp[j];
-        const bool sp = special[j];
-        for (int64_t c = j * tc, c1 = min64(width, c + tc); c < c1; ++c) element(c, ms, me, sp, ds, de);
+        const int64_t c = j * tc, n = c + tc <= width ? tc : width - c;
+        const uint32_t* rc = kSR ? rr + c : nullptr;
+        uint8_t* cc = kFake ? nullptr : cr + c;
+        float* oc = kFake ? orow + c : nullptr;
+        if (fast[j]) {
+          code_run<F, In, kSR, kFake, true, false>(n, xr + c, rc, cc, oc, mf + j, m + j, df + j,
+                                                   d + j, special + j);
+        } else {
+          code_run<F, In, kSR, kFake, false, false>(n, xr + c, rc, cc, oc, mf + j, m + j, df + j,
+                                                    d + j, special + j);
+        }
       }
     }
+  }
+}
+
+// f32 values of n codes from c on under their tiles' decode scales (kPerElement as in
+// code_run), divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
+template <class F, bool kFast, bool kPerElement>
+void decode_run(int64_t n, const uint8_t* __restrict codes, float* __restrict out,
+                const float* __restrict df, const Sig* __restrict d,
+                const uint32_t* __restrict nan, float tsf, Sig ts) {
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t j = kPerElement ? c : 0;
+    const uint32_t v = kFast ? as_bits(as_float(grid_value_bits<F>(codes[c])) * df[j] / tsf)
+                             : block_decode<F>(codes[c], d[j], ts);
+    out[c] = as_float(nan[j] ? kF32QNaN : v);
   }
 }
 
@@ -117,36 +187,53 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 template <class F>
 void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   const Sig ts = p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
+  const float tsf = ts.sig ? f32_value(ts) : 1.0f;
   const int64_t tc = p.tile_cols;
-  uint32_t dsig[kMaxUnitTiles];
-  int32_t dexp[kMaxUnitTiles];
-  bool nan[kMaxUnitTiles];
+  Sig d[kMaxUnitTiles];
+  float df[kMaxUnitTiles];
+  uint32_t nan[kMaxUnitTiles], nane[cpu::kUnitCols];
+  bool fast[kMaxUnitTiles];
+  float dfe[cpu::kUnitCols];
   for (int64_t u = begin; u < end; ++u) {
     const Span s = span_of(p, u);
     const int64_t width = s.c1 - s.c0, tiles = ceil_div(width, tc);
     const int64_t si = scale_index(p, s);
+    bool all_fast = true;
     for (int64_t j = 0; j < tiles; ++j) {
       const uint32_t stored = p.scale >= kScaleFP32 ? static_cast<const uint32_t*>(p.in_scales)[si + j]
                                                     : static_cast<const uint8_t*>(p.in_scales)[si + j];
-      const Sig d = stored_scale_value(stored, p.scale, nan[j]);
-      dsig[j] = d.sig, dexp[j] = d.exp;
+      bool is_nan;
+      d[j] = stored_scale_value(stored, p.scale, is_nan);
+      nan[j] = is_nan;
+      df[j] = f32_value(d[j]);
+      fast[j] = fast_decode<F>(d[j], ts);
+      all_fast = all_fast && fast[j];
     }
+    const bool spread = (tc == 16 || tc == 32) && all_fast;  // as in quantize_units
+    for (int64_t c = 0; spread && c < width; ++c) dfe[c] = df[c / tc], nane[c] = nan[c / tc];
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
-      const uint8_t* codes = p.in_codes + first;
-      float* out = p.out + first;
-      auto element = [&](int64_t c, uint32_t ds, int32_t de, bool na) {
-        out[c] = as_float(na ? kF32QNaN : block_decode<F>(codes[c], Sig{ds, de}, ts));
-      };
+      const uint8_t* __restrict codes = p.in_codes + first;
+      float* __restrict out = p.out + first;
+      if (spread) {
+        decode_run<F, true, true>(width, codes, out, dfe, d, nane, tsf, ts);
+        continue;
+      }
       if (tc == 1) {
-        for (int64_t c = 0; c < width; ++c) element(c, dsig[c], dexp[c], nan[c]);
+        if (all_fast) {
+          decode_run<F, true, true>(width, codes, out, df, d, nan, tsf, ts);
+        } else {
+          decode_run<F, false, true>(width, codes, out, df, d, nan, tsf, ts);
+        }
         continue;
       }
       for (int64_t j = 0; j < tiles; ++j) {
-        const uint32_t ds = dsig[j];
-        const int32_t de = dexp[j];
-        const bool na = nan[j];
-        for (int64_t c = j * tc, c1 = min64(width, c + tc); c < c1; ++c) element(c, ds, de, na);
+        const int64_t c = j * tc, n = min64(width, c + tc) - c;
+        if (fast[j]) {
+          decode_run<F, true, false>(n, codes + c, out + c, df + j, d + j, nan + j, tsf, ts);
+        } else {
+          decode_run<F, false, false>(n, codes + c, out + c, df + j, d + j, nan + j, tsf, ts);
+        }
       }
     }
   }
@@ -158,10 +245,18 @@ void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end) {
     using F = decltype(f);
     auto run = [&](auto in) {
       using In = decltype(in);
+      auto width = [&](auto sr) {
+        constexpr bool kSR = decltype(sr)::value;
+        switch (p.tile_cols) {
+          case 16: return quantize_units<F, In, kSR, kFake, 16>(p, begin, end);
+          case 32: return quantize_units<F, In, kSR, kFake, 32>(p, begin, end);
+          default: return quantize_units<F, In, kSR, kFake, 0>(p, begin, end);
+        }
+      };
       if (p.rand) {
-        quantize_units<F, In, true, kFake>(p, begin, end);
+        width(std::true_type{});
       } else {
-        quantize_units<F, In, false, kFake>(p, begin, end);
+        width(std::false_type{});
       }
     };
     switch (p.dtype) {

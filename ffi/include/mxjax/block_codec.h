@@ -28,10 +28,10 @@ struct Sig {
 // The Sig of a finite f32 magnitude (bits, sign clear); {0, 0} for zero.
 MXJAX_HD Sig sig_of_bits(uint32_t mag) {
   uint32_t ef = mag >> 23, man = mag & 0x7FFFFFu;
-  if (ef != 0) return {man | 0x800000u, int32_t(ef) - 150};
-  if (man == 0) return {0, 0};
-  int shift = 23 - floor_log2_u32(man);
-  return {man << shift, -149 - shift};
+  uint32_t sub = as_bits(float(man));  // a subnormal's significand as an exact f32 normal
+  Sig out{ef != 0 ? man | 0x800000u : (sub & 0x7FFFFFu) | 0x800000u,
+          ef != 0 ? int32_t(ef) - 150 : int32_t(sub >> 23) - 127 - 23 - 149};
+  return mag == 0 ? Sig{0, 0} : out;
 }
 
 // A small positive integer times 2^exp (its significand normalized).
@@ -66,7 +66,7 @@ MXJAX_HD uint32_t round_to_grid(Sig v, int32_t emin, int32_t man_bits) {
   uint32_t kept = v.sig >> right;
   uint32_t rem = v.sig - (kept << right);
   uint32_t half = 1u << ((right > 0 ? right : 1) - 1);
-  uint32_t up = right > 0 && (rem > half || (rem == half && (kept & 1u)));
+  uint32_t up = uint32_t(right > 0) & (uint32_t(rem > half) | (uint32_t(rem == half) & kept));
   uint32_t code = (uint32_t(ev - emin) << man_bits) + kept + up;
   return v.sig == 0 ? 0 : code;
 }
@@ -83,6 +83,54 @@ MXJAX_HD uint32_t round_to_grid_sr(Sig v, int32_t emin, int32_t man_bits, uint32
                              : rem >> (shift - 32 > 31 ? 31 : shift - 32);
   uint32_t code = (uint32_t(ev - emin) << man_bits) + kept + uint32_t(rand < t);
   return v.sig == 0 ? 0 : code;
+}
+
+// ---------------------------------------------------------------------------------------
+// The fast path: where a block's multiplier (and decode scale) are normal f32s whose
+// products with the block's values stay normal, one f32 multiply gives the rules' 24-bit
+// rounding; a product below 2^-126 gives code 0 either way (every element format's
+// quantum is far larger). The kernels check that per block (fast_encode / fast_decode)
+// and run the Sig functions otherwise.
+
+// Whether a Sig is zero or a normal f32.
+MXJAX_HD bool normal_f32(Sig v) { return v.sig == 0 || (v.exp + 23 >= -126 && v.exp + 23 <= 127); }
+
+MXJAX_HD float f32_value(Sig v) {
+  return v.sig == 0 ? 0.0f : as_float((uint32_t(v.exp + 23 + 127) << 23) | (v.sig & 0x7FFFFFu));
+}
+
+// The code of f32 bits x times the normal f32 m (as block_encode).
+template <class F, bool kStochastic>
+MXJAX_HD uint32_t block_encode_f32(uint32_t x, float m, uint32_t rand) {
+  uint32_t v = as_bits(as_float(x & kF32Abs) * m);
+  uint32_t mag;
+  if (kStochastic) {
+    Sig s{v < 0x00800000u ? 0u : (v & 0x7FFFFFu) | 0x800000u, int32_t(v >> 23) - 150};
+    mag = round_to_grid_sr(s, F::emin, F::man_bits, rand);
+  } else {
+    mag = encode_magnitude<F>(v);
+  }
+  return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
+}
+
+// f32 bits of an element code's value, the grid continued past max (no NaN / Inf codes).
+template <class F>
+MXJAX_HD uint32_t grid_value_bits(uint32_t code) {
+  uint32_t mag = code & F::mag_mask;
+  uint32_t ef = mag >> F::man_bits, man = mag & ((1u << F::man_bits) - 1);
+  uint32_t normal = ((ef + 127 - F::bias) << 23) | (man << (23 - F::man_bits));
+  uint32_t sub = as_bits(float(man) * as_float(pow2_bits(F::emin - F::man_bits)));
+  return (ef != 0 ? normal : sub) | ((code >> (F::bits - 1)) << 31);
+}
+
+// Whether every nonzero code times d (divided by ts, nonzero) is a normal f32 product of
+// normal f32s, so block_decode's value is one f32 multiply (and divide).
+template <class F>
+MXJAX_HD bool fast_decode(Sig d, Sig ts) {
+  if (d.sig == 0) return true;
+  int32_t low = d.exp + 23 + F::emin - F::man_bits;  // exponent of the smallest product
+  if (ts.sig != 0) low -= ts.exp + 23 + 1;
+  return normal_f32(d) && normal_f32(ts) && low >= -126;
 }
 
 // f32 bits of a Sig: nearest even with subnormals, Inf past FLT_MAX.
@@ -108,8 +156,8 @@ struct BlockScale {
 
 // The scale of a block whose largest magnitude has f32 bits `amax` (sign clear), for
 // elements F and scale kind `kind`; `s_enc` is the tensor scale (1 without one).
-template <class F>
-MXJAX_HD BlockScale block_scale(uint32_t amax, int32_t kind, int32_t mode, Sig s_enc) {
+template <class F, int32_t kind>
+MXJAX_HD BlockScale block_scale(uint32_t amax, int32_t mode, Sig s_enc) {
   constexpr float kElemMax = float(F::max_sig) / float(1u << (23 - F::emax));  // exact
   BlockScale s{};
   s.special = amax >= kF32Inf;

@@ -1,0 +1,173 @@
+"""The block-scaled formats' CPU kernels (ffi/cpu/block_kernels.cc through
+`mxjax.block_ops`) against the oracle (`mxjax.reference.block_quantize` /
+`block_dequantize`), bit for bit, at every SIMD level this build and CPU run: rows,
+strided columns, 2-D tiles, stochastic rounding given its bits, the tensor scale, ragged
+edges, zero / subnormal / Inf / NaN blocks, every bf16 pattern; proof that the kernels
+ran; their sharding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import all_bf16_patterns, all_f16_patterns, special_blocks
+from mxjax import backend, block_codec, block_format as bfmt, block_ops, reference
+from mxjax.block_format import BlockFormat, ScaleFormat
+from sharding_helpers import compiled_collectives
+from test_block_formats import _awkward
+
+pytestmark = pytest.mark.usefixtures("simd_level")
+
+KERNELS = "cpu" in backend.ffi_platforms()
+
+FORMATS = {  # name: BlockFormat (every scale kind, 1-D and 2-D, every element width)
+    "nvfp4": bfmt.NVFP4, "nvfp4_2d": bfmt.NVFP4_2D, "fp8_1x128": bfmt.FP8_1X128,
+    "fp8_128x128": bfmt.FP8_128X128, "mxfp8_2d": bfmt.MXFP8_2D,
+    "e4m3_fp32_1x16": BlockFormat("e4m3", ScaleFormat.FP32, (1, 16)),
+    "e5m2_fp32_32x32": BlockFormat("e5m2", ScaleFormat.FP32, (32, 32)),
+    "e2m3_e4m3_1x16": BlockFormat("e2m3", ScaleFormat.E4M3, (1, 16)),
+    "mxfp4": bfmt.mx("e2m1"), "mxfp6_floor": bfmt.mx("e3m2", scale_mode="floor"),
+}
+
+
+def _u(a) -> np.ndarray:
+  a = np.asarray(a)
+  return a.view(np.uint32) if a.dtype == np.float32 else a
+
+
+def _oracle(x, bf, axis, rand):
+  q = reference.block_quantize(x, bf, axis=axis, rand=rand)
+  return (*q[:2], reference.block_dequantize(*q, bf, axis=axis),
+          reference.block_dequantize(*q, bf, axis=axis, apply_tensor_scale=False))
+
+
+def _kernels(x, bf, axis, rand):
+  codes, scales, ts = block_ops.quantize(x, bf, axis, rand)
+  want_ts = reference.block_quantize(x, bf, axis=axis)[2]  # the same tensor scale
+  return (codes, scales, block_ops.dequantize(codes, scales, want_ts if ts is None else ts,
+                                              bf, axis),
+          block_ops.fake_quantize(x, bf, axis, rand)[0])
+
+
+_oracle_jit = jax.jit(_oracle, static_argnums=(1, 2))
+_kernels_jit = jax.jit(_kernels, static_argnums=(1, 2))
+_wanted = {}  # the oracle's results, computed once for every SIMD level
+
+
+def _assert_same(x, bf, axis, sr, what=""):
+  rand = block_codec.random_bits(jnp.asarray([5, 6], jnp.uint32), x.shape) if sr else None
+  key = (bf, axis, sr, what, x.shape, x.dtype)
+  if key not in _wanted:
+    _wanted[key] = [_u(w) for w in _oracle_jit(x, bf, axis, rand)]
+  got = _kernels_jit(x, bf, axis, rand)
+  for name, w, g in zip(("codes", "scales", "dequantize", "fake_quantize"), _wanted[key], got):
+    np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} axis {axis} SR {sr} {what}: {name}")
+
+
+def _awkward_3d(dtype):
+  """[2, 37, 45]: a batch dim, ragged edges for every block shape, the awkward rows."""
+  x = jnp.stack([_awkward((37, 45), jnp.float32, 0), _awkward((37, 45), jnp.float32, 1)])
+  return x.astype(dtype)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_kernels_equal_the_oracle(name):
+  """Every format, rows and columns (1-D) or tiles (2-D), nearest even and stochastic,
+  bf16 / f16 / f32 inputs, a batch dim and ragged edges."""
+  bf = FORMATS[name]
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    x = _awkward_3d(dtype)
+    for axis in ((-1,) if bf.two_d else (-1, 1)):
+      for sr in (False, True):
+        _assert_same(x, bf, axis, sr, jnp.dtype(dtype).name)
+  if not bf.two_d:  # the leading axis: columns with no batch
+    _assert_same(_awkward_3d(jnp.float32), bf, 0, True, "float32")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "mxfp8_2d", "e4m3_fp32_1x16"])
+def test_every_bf16_and_f16_pattern(name):
+  """All 65,536 bf16 and f16 patterns, in blocks of neighbours and in blocks spanning
+  every exponent (NaN / Inf / subnormal / zero blocks among them)."""
+  bf = FORMATS[name]
+  for patterns in (all_bf16_patterns, all_f16_patterns):
+    for arrangement in ("sequential", "strided"):
+      x = jnp.asarray(patterns(arrangement).reshape(512, 128))
+      _assert_same(x, bf, -1, False, f"{patterns.__name__} {arrangement}")
+  x = jnp.asarray(all_bf16_patterns("strided").reshape(512, 128))
+  _assert_same(x, bf, -1, True, "bf16 strided")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "e2m3_e4m3_1x16"])
+def test_special_blocks(name):
+  """The corners of the scale rules: amax at and around every power of two and every
+  format's max, subnormal-only blocks, the dtype's max, NaN / Inf."""
+  bf = FORMATS[name]
+  b = bf.block[1]
+  for dtype in (np.float32, ml_dtypes.bfloat16):
+    x = jnp.asarray(special_blocks(dtype, b))
+    _assert_same(x, bf, -1, False, np.dtype(dtype).name)
+    _assert_same(jnp.asarray(np.ascontiguousarray(x.T)), bf, 0, True, np.dtype(dtype).name)
+
+
+@pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
+def test_the_kernels_run():
+  """The compiled programs call the block kernels (their results are the custom calls')."""
+  x = jnp.ones((64, 64), jnp.bfloat16)
+  rand = jnp.zeros((64, 64), jnp.uint32)
+  for bf in (bfmt.NVFP4, bfmt.MXFP8_2D):
+    text = jax.jit(lambda x, r, bf=bf: (block_ops.quantize(x, bf, -1, r),
+                                        block_ops.fake_quantize(x, bf, -1))).lower(
+                                            x, rand).compile().as_text()
+    assert "mxjax_block_quantize" in text and "mxjax_block_fake_quantize" in text
+
+
+def test_under_vmap_the_ops_equal_the_oracle():
+  x = _awkward_3d(jnp.float32)
+  got = jax.vmap(lambda x: block_ops.fake_quantize(x, bfmt.NVFP4, -1)[0])(x)
+  want = jnp.stack([reference.block_dequantize(*reference.block_quantize(xi, bfmt.NVFP4),
+                                               bfmt.NVFP4, apply_tensor_scale=False)
+                    for xi in x])
+  np.testing.assert_array_equal(_u(got), _u(want))
+
+
+def test_errors_name_the_problem():
+  with pytest.raises(ValueError, match="2-D blocks need an array of rank >= 2"):
+    block_ops.quantize(jnp.ones((32,)), bfmt.MXFP8_2D)
+  with pytest.raises(ValueError, match="axis 2 is out of range"):
+    block_ops.quantize(jnp.ones((4, 32)), bfmt.NVFP4, 2)
+  codes, scales, _ = block_ops.quantize(jnp.ones((4, 32)), bfmt.NVFP4)
+  with pytest.raises(ValueError, match="needs the tensor scale"):
+    block_ops.dequantize(codes, scales, None, bfmt.NVFP4)
+  with pytest.raises(TypeError, match="has no derivative"):
+    jax.grad(lambda x: jnp.sum(block_ops.fake_quantize(x, bfmt.FP8_1X128)[0]))(jnp.ones((4, 128)))
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+@pytest.mark.parametrize("name, spec", [("nvfp4", ("d", None)), ("fp8_1x128", (None, "d")),
+                                        ("nvfp4_2d", ("d", None))])
+def test_sharded_fake_quantize_keeps_its_sharding(name, spec):
+  """On an 8-device mesh (Auto and Explicit axes) fake_quantize equals one device's, its
+  result keeps the operand's sharding, and where shards hold whole blocks it adds no
+  collective besides the tensor
+  amax's all-reduce (NVFP4)."""
+  bf = FORMATS[name]
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((128, 1024)) * np.exp2(rng.integers(-8, 8, (128, 1024))),
+                  jnp.float32)
+  rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), x.shape)
+  f = lambda x, r: block_ops.fake_quantize(x, bf, -1, r)[0]  # noqa: E731
+  want = jax.jit(f)(x, rand)
+  for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    xs, rs = jax.device_put(x, sharding), jax.device_put(rand, sharding)
+    with jax.set_mesh(mesh):
+      got = jax.jit(f)(xs, rs)
+      ops = compiled_collectives(f, xs, rs)
+    np.testing.assert_array_equal(_u(got), _u(want), err_msg=str(kind))
+    assert got.sharding.is_equivalent_to(sharding, 2), (kind, got.sharding)
+    assert all(op == "all-reduce" and shape == () for op, shape, _ in ops), (kind, ops)
+    assert bool(ops) == bf.tensor_scale, (kind, ops)
