@@ -50,21 +50,31 @@ Sig tensor_scale_sig(uint32_t bits) { return bits ? sig_of_bits(bits) : Sig{0x80
 // kFast: the f32 path (block_codec.h), else the Sig path. Restrict-qualified parameters
 // let the compiler vectorize without alias checks.
 template <class F, class In, bool kSR, bool kFake, bool kFast, bool kPerElement>
-inline __attribute__((always_inline)) void code_run(int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
+__attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
               uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
               const Sig* __restrict m, const float* __restrict df, const Sig* __restrict d,
               const uint32_t* __restrict special) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
     const uint32_t bits = In::widen(x[c]);
-    const uint32_t r = kSR ? rand[c] : 0;
-    uint32_t code = kFast ? block_encode_f32<F, kSR>(bits, mf[j], r)
-                          : block_encode<F, kSR>(bits, m[j], r);
-    code = special[j] ? 0 : code;
-    if (kFake) {
-      const uint32_t v = kFast ? as_bits(as_float(grid_value_bits<F>(code)) * df[j])
-                               : block_decode<F>(code, d[j], Sig{0, 0});
-      out[c] = as_float(special[j] ? kF32QNaN : v);
+    uint32_t r = 0;
+    if constexpr (kSR) r = rand[c];
+    uint32_t code;
+    if constexpr (kFast) {
+      code = block_encode_f32<F, kSR>(bits, mf[j], r);
+    } else {
+      code = block_encode<F, kSR>(bits, m[j], r);
+    }
+    const uint32_t keep = special[j] - 1u;  // 0 in a NaN / Inf block (a mask, not a select:
+    code &= keep;                           // the loop then vectorizes at every level)
+    if constexpr (kFake) {
+      uint32_t v;
+      if constexpr (kFast) {
+        v = as_bits(as_float(grid_value_bits<F>(code)) * df[j]);
+      } else {
+        v = block_decode<F>(code, d[j], Sig{0, 0});
+      }
+      out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
     } else {
       codes[c] = uint8_t(code);
     }
@@ -172,14 +182,19 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 // f32 values of n codes from c on under their tiles' decode scales (kPerElement as in
 // code_run), divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
 template <class F, bool kFast, bool kPerElement>
-void decode_run(int64_t n, const uint8_t* __restrict codes, float* __restrict out,
+__attribute__((noinline)) void decode_run(int64_t n, const uint8_t* __restrict codes, float* __restrict out,
                 const float* __restrict df, const Sig* __restrict d,
                 const uint32_t* __restrict nan, float tsf, Sig ts) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
-    const uint32_t v = kFast ? as_bits(as_float(grid_value_bits<F>(codes[c])) * df[j] / tsf)
-                             : block_decode<F>(codes[c], d[j], ts);
-    out[c] = as_float(nan[j] ? kF32QNaN : v);
+    uint32_t v;
+    if constexpr (kFast) {
+      v = as_bits(as_float(grid_value_bits<F>(codes[c])) * df[j] / tsf);
+    } else {
+      v = block_decode<F>(codes[c], d[j], ts);
+    }
+    const uint32_t keep = nan[j] - 1u;  // as in code_run
+    out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
   }
 }
 
