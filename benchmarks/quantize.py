@@ -11,7 +11,7 @@ or calls the integer oracle `mxjax.reference` (packed FP6 / FP4 formats).
   python benchmarks/quantize.py --shape 16384,16384 # on a GPU (issue goal: >= 80% of copy)
   python benchmarks/quantize.py --xla-path          # the plain-XLA path vs the jnp baseline
   python benchmarks/quantize.py --dtype float32     # f32 inputs (f32 dequantize / fake_quantize)
-  python benchmarks/quantize.py --block-formats     # NVFP4, FP8 blocks, 2-D MX (plain XLA)
+  python benchmarks/quantize.py --block-formats     # NVFP4, FP8 blocks, 2-D MX: kernels vs XLA
 
 The kernels are timed in turn with a copy in every repetition. Each ratio is printed two
 ways: "B (median M)", B from each side's fastest run, M the median over the repetitions of
@@ -163,35 +163,58 @@ BLOCK_FORMATS = ("mxfp4", "nvfp4", "nvfp4_2d", "fp8_1x128", "fp8_128x128", "mxfp
 
 
 def bench_block_formats(shape, reps: int):
-  """Prints the block-scaled formats' plain-XLA path (`mxjax.block_codec`; no FFI kernels
-  for them yet): rowwise quantize (1-D blocks along the last axis, or 2-D tiles), the same
-  with stochastic rounding (its bits drawn in the same program), and fake_quantize (the
-  GEMM's operand), each as a fraction of the parallel copy's bandwidth (bytes: the bf16
-  input + one byte per code, unpacked + the scales; fake_quantize: bf16 in, f32 out)."""
-  from mxjax import block_codec, block_format as bfmt  # noqa: PLC0415
+  """Prints the block-scaled formats' kernels (`mxjax.block_ops`: the CPU kernels at the
+  SIMD level in use, or plain XLA where the FFI is off) and their plain-XLA path
+  (`mxjax.block_codec`, the baseline) on a bf16 matrix: quantize along the last axis (2-D
+  formats: in tiles), along the first (1-D formats), the same with stochastic rounding
+  (its uint32 bits an input), dequantize and fake_quantize (the GEMM's operand, f32 out).
+  Each prints its time and the bytes it moves per second as a fraction of the parallel
+  copy's: the bf16 input (plus the bits), one byte per code (one per element, unpacked,
+  as the kernels write them), the scales, and f32 for the dequantized outputs. NVFP4's
+  quantize and fake_quantize include the tensor scale's amax, an XLA reduction ("amax").
+  """
+  from mxjax import block_codec, block_format as bfmt, block_ops  # noqa: PLC0415
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
+  rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), shape)
   copy, copy_bytes = parallel_copy()
-  seed = jnp.asarray([1, 2], jnp.uint32)
-  print(f"\nblock-scaled formats, plain-XLA path: bf16 {shape}")
-  print(f"{'format':26} {'op':5} {'ms':>8} {'Gelem/s':>8} {'roofline':>18}")
+  print(f"\nblock-scaled formats: bf16 {shape}, simd={_ffi.build_info()['simd']}, "
+        f"{os.cpu_count()} cores; roofline = bytes moved per second / the parallel copy's")
+  print(f"{'format':28} {'op':6} {'ms':>8} {'Gelem/s':>8} {'roofline':>18} {'XLA path ms':>12} "
+        f"{'speedup':>8}")
   for name in BLOCK_FORMATS:
     bf = {"mxfp4": bfmt.mx("e2m1"), "nvfp4": bfmt.NVFP4, "nvfp4_2d": bfmt.NVFP4_2D,
           "fp8_1x128": bfmt.FP8_1X128, "fp8_128x128": bfmt.FP8_128X128,
           "mxfp8_2d": bfmt.MXFP8_2D}[name]
-    ops = {"row": jax.jit(lambda x, bf=bf: block_codec.quantize(x, bf, -1)),
-           "sr": jax.jit(lambda x, bf=bf: block_codec.quantize(
-               x, bf, -1, block_codec.random_bits(seed, x.shape))),
-           "fake": jax.jit(lambda x, bf=bf: block_codec.fake_quantize(x, bf, -1))}
-    t = interleaved_times({"copy": copy, **{k: functools.partial(f, x) for k, f in ops.items()}},
-                          reps=reps)
-    moved = {"row": n * 3 + n * bf.scale.bytes // bf.block_elements,
-             "fake": n * 6}
-    moved["sr"] = moved["row"]
-    for op in ops:
-      frac = ratio(t["copy"], t[op], moved[op] / copy_bytes)
-      print(f"{str(bf):26} {op:5} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
-            f"{frac:>18}")
+    codes, scales, ts = block_ops.quantize(x, bf, -1)
+    scale_bytes = scales.size * scales.dtype.itemsize
+    # op: (fn(module, x, rand, codes, scales, ts), bytes moved); the arrays are arguments
+    # (closed over, XLA would fold the whole op into a constant at compile time).
+    ops = {"row": (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, -1), n * 3 + scale_bytes),
+           "sr": (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, -1, r),
+                  n * 7 + scale_bytes),
+           "deq": (lambda m, x, r, c, s, t, bf=bf: m.dequantize(c, s, t, bf, -1),
+                   n * 5 + scale_bytes),
+           "fake": (lambda m, x, r, c, s, t, bf=bf: m.fake_quantize(x, bf, -1), n * 6)}
+    if not bf.two_d:
+      ops["col"] = (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, 0), n * 3 + scale_bytes)
+    if bf.tensor_scale:
+      ops["amax"] = (lambda m, x, r, c, s, t, bf=bf: block_codec.tensor_scale(x, bf), n * 2)
+    args = (x, rand, codes, scales, ts)
+    fns = {"copy": lambda *_: copy()}
+    for op, (f, _) in ops.items():
+      fns[op] = functools.partial(jax.jit(functools.partial(f, block_ops)), *args)
+      if op != "amax":
+        fns[f"xla_{op}"] = functools.partial(jax.jit(functools.partial(f, block_codec)), *args)
+    t = interleaved_times(fns, reps=reps)
+    for op, (_, moved) in ops.items():
+      frac = ratio(t["copy"], t[op], moved / copy_bytes)
+      xla = ""
+      if op != "amax":
+        base = min(t[f"xla_{op}"])
+        xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
+      print(f"{str(bf):28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
+            f"{frac:>18} {xla}", flush=True)
 
 
 def main(argv=None):
@@ -204,7 +227,7 @@ def main(argv=None):
   parser.add_argument("--warm-allocator", action="store_true",
                       help="rerun with glibc keeping freed memory (CPU page-fault effect)")
   parser.add_argument("--block-formats", action="store_true",
-                      help="only time the block-scaled formats' plain-XLA path")
+                      help="only time the block-scaled formats' kernels and plain-XLA path")
   parser.add_argument("--xla-path", action="store_true",
                       help="only time the plain-XLA path against the jnp baseline")
   args = parser.parse_args(argv)

@@ -154,9 +154,11 @@ def backend_info(device: jax.Device | None = None) -> dict:
   dtype = cpu_operand_dtype().name if platform == "cpu" else "bfloat16"
   ops["dot_general"] = (f"quantize_2x + dequantize, or fake_quantize with no backward "
                         f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)}")
-  ops["block_scaled"] = ("plain XLA on every platform (mxjax.block_codec / block_dot: "
-                         "NVFP4, FP8 blocks, 2-D MX tiles, stochastic rounding, RHT; no FFI "
-                         "kernels yet), f32 products")
+  cpu_kernels = platform == "cpu" and path.startswith("C++ FFI kernels")
+  block_path = (f"C++ FFI kernels ({_ffi.build_info()['simd']})" if cpu_kernels
+                else "plain XLA (mxjax.block_codec)")
+  ops["block_scaled"] = (f"{block_path} for NVFP4, FP8 blocks, 2-D MX tiles and stochastic "
+                         "rounding (mxjax.block_ops), the RHT in XLA, f32 products")
   return {"build": build, "kernels": get_kernels(), "device": str(device.device_kind),
           "platform": platform, "compute_capability": getattr(device, "compute_capability", None),
           "ops": ops}

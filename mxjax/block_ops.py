@@ -1,7 +1,8 @@
 """Block-scaled formats (`mxjax.block_format`) as JAX ops: quantize, dequantize and
 fake_quantize, lowered per platform inside one program: the CPU kernels
 (ffi/cpu/block_kernels.cc, at the SIMD level in use) where `mxjax.backend` picks the FFI
-for "cpu", `mxjax.block_codec` (plain XLA, the same bits) on every other platform.
+for "cpu", `mxjax.block_codec` (plain XLA, the same bits) on every other platform (there
+are no CUDA block kernels).
 
 The functions take and return what `block_codec`'s do. The FP32 tensor scale (NVFP4) is
 reduced over the whole tensor in XLA first and reaches the kernels as an operand, as do
@@ -51,6 +52,11 @@ def _ts_operand(ts):
   return jnp.zeros((1,), jnp.uint32) if ts is None else jnp.reshape(ts, (1,)).astype(jnp.uint32)
 
 
+def _lowered(ffi, xla):
+  """`ffi` on "cpu" where the FFI kernels are in use, `xla` elsewhere (no CUDA targets)."""
+  return lambda *args: _per_platform(xla, xla, *args, cpu_fn=ffi)
+
+
 def _partitioned(call, bf: BlockFormat, axis: int, kind: str):
   """`call` with its sharding rules where they exist for `kind` and `bf` (else as is)."""
   if bf.two_d and kind != "fake_quantize":
@@ -90,7 +96,7 @@ def _quantize_op(bf: BlockFormat, axis: int, sr: bool):
     return jax.ffi.ffi_call("mxjax_block_quantize", out)(x, rand, ts, **_attrs(bf, axis),
                                                          stochastic_rounding=sr)
 
-  call = _partitioned(lambda *a: _per_platform(ffi, xla, *a), bf, axis, "quantize")
+  call = _partitioned(_lowered(ffi, xla), bf, axis, "quantize")
   return _op(call, xla, "mxjax.block_ops.quantize")
 
 
@@ -108,7 +114,7 @@ def _fake_quantize_op(bf: BlockFormat, axis: int, sr: bool):
                             jax.ShapeDtypeStruct(x.shape, jnp.float32))(
                                 x, rand, ts, **_attrs(bf, axis), stochastic_rounding=sr)
 
-  call = _partitioned(lambda *a: _per_platform(ffi, xla, *a), bf, axis, "fake_quantize")
+  call = _partitioned(_lowered(ffi, xla), bf, axis, "fake_quantize")
   return _op(call, xla, "mxjax.block_ops.fake_quantize")
 
 
@@ -125,7 +131,7 @@ def _dequantize_op(bf: BlockFormat, axis: int, apply_tensor_scale: bool):
                                 codes, scales, ts, **_attrs(bf, axis),
                                 apply_tensor_scale=apply_tensor_scale)
 
-  call = _partitioned(lambda *a: _per_platform(ffi, xla, *a), bf, axis, "dequantize")
+  call = _partitioned(_lowered(ffi, xla), bf, axis, "dequantize")
   return _op(call, xla, "mxjax.block_ops.dequantize")
 
 

@@ -171,3 +171,53 @@ def test_sharded_fake_quantize_keeps_its_sharding(name, spec):
     assert got.sharding.is_equivalent_to(sharding, 2), (kind, got.sharding)
     assert all(op == "all-reduce" and shape == () for op, shape, _ in ops), (kind, ops)
     assert bool(ops) == bf.tensor_scale, (kind, ops)
+
+
+_TRAINING_STEPS = """
+import hashlib, jax, jax.numpy as jnp, numpy as np
+import mxjax
+from mxjax import block_dot
+from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((64, 256)), jnp.bfloat16)
+ws = [jnp.asarray(rng.standard_normal((256, 256)) / 16, jnp.float32) for _ in range(2)]
+dims = (((1,), (0,)), ((), ()))
+digest = hashlib.sha256()
+for recipe in (NVFP4BlockScaling(), Float8BlockScaling()):
+  roles = recipe.block_roles()
+  def loss(ws, key):
+    h = x
+    for i, w in enumerate(ws):
+      h = jax.nn.gelu(block_dot.dot_general(h, w, dims, roles, where=f"l{i}",
+                                            rng=jax.random.fold_in(key, i)))
+    return jnp.mean(h.astype(jnp.float32) ** 2)
+  step = jax.jit(jax.value_and_grad(loss))
+  params = ws
+  for s in range(3):
+    value, grads = step(params, jax.random.key(s))
+    params = [w - 0.1 * g for w, g in zip(params, grads)]
+    digest.update(np.asarray(value).tobytes())
+    for g in grads:
+      digest.update(np.asarray(g).tobytes())
+print(mxjax.backend_info()["ops"]["block_scaled"].split(" for ")[0], digest.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
+def test_training_steps_are_the_same_bits_with_and_without_the_kernels(simd_level, tmp_path):
+  """Three steps of NVFP4 (SR, RHT, 2-D weights, tensor scales) and FP8-block training:
+  losses and gradients from the kernels and from the plain-XLA path, byte for byte."""
+  if simd_level not in (None, "scalar"):
+    pytest.skip("the child processes pick their own level; one run is enough")
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  from conftest import child_env  # noqa: PLC0415
+  out = {}
+  for kernels in ("auto", "xla"):
+    run = subprocess.run([sys.executable, "-c", _TRAINING_STEPS], capture_output=True,
+                         text=True, cwd=tmp_path, env=child_env(MXJAX_KERNELS=kernels),
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out[kernels] = run.stdout.split()
+  assert out["auto"][0] == "C++" and out["xla"][0] == "plain", out
+  assert out["auto"][-1] == out["xla"][-1], out

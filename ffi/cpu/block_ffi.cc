@@ -27,7 +27,8 @@ ffi::Error block_view(ffi::AnyBuffer::Dimensions dims, int32_t format, int32_t s
   if (!format_info(format)) return invalid("unknown format id " + std::to_string(format));
   if (scale < 0 || scale > 3) return invalid("unknown scale format id " + std::to_string(scale));
   if (mode != 0 && mode != 1) return invalid("unknown scale_mode id " + std::to_string(mode));
-  if (block_cols < 1 || block_cols > kUnitCols * 64 || (block_rows != 1 && block_rows != block_cols)) {
+  if (block_cols < 1 || block_cols > kUnitCols * 64 ||
+      (block_rows != 1 && block_rows != block_cols)) {
     return invalid("block must be (1, b) or (b, b) with 1 <= b <= 32768");
   }
   const int64_t rank = dims.size();
@@ -59,7 +60,9 @@ int64_t scale_count(const BlockProblem& p) {
 ffi::Error check_scales(const ffi::AnyBuffer& scales, const BlockProblem& p) {
   auto type = p.scale >= kScaleFP32 ? ffi::DataType::U32 : ffi::DataType::U8;
   if (scales.element_type() != type) return invalid("scales have the wrong dtype");
-  if (int64_t(scales.element_count()) != scale_count(p)) return invalid("scales have the wrong size");
+  if (int64_t(scales.element_count()) != scale_count(p)) {
+    return invalid("scales have the wrong size");
+  }
   return ffi::Error::Success();
 }
 
@@ -97,7 +100,10 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
       !e.success()) {
     return ready_future(e);
   }
-  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p); !e.success()) return ready_future(e);
+  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p);
+      !e.success()) {
+    return ready_future(e);
+  }
   if (codes->element_type() != ffi::DataType::U8 || codes->element_count() != x.element_count()) {
     return ready_future(invalid("codes must be uint8 of x's shape"));
   }
@@ -120,7 +126,10 @@ ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBu
       !e.success()) {
     return ready_future(e);
   }
-  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p); !e.success()) return ready_future(e);
+  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p);
+      !e.success()) {
+    return ready_future(e);
+  }
   if (out->element_type() != ffi::DataType::F32 || out->element_count() != x.element_count()) {
     return ready_future(invalid("out must be float32 of x's shape"));
   }
@@ -134,7 +143,9 @@ ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::Any
                             int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
                             int64_t axis, bool apply_tensor_scale) {
   BlockProblem p{};
-  if (codes.element_type() != ffi::DataType::U8) return ready_future(invalid("codes must be uint8"));
+  if (codes.element_type() != ffi::DataType::U8) {
+    return ready_future(invalid("codes must be uint8"));
+  }
   if (auto e = block_view(codes.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
       !e.success()) {
     return ready_future(e);

@@ -50,10 +50,12 @@ Sig tensor_scale_sig(uint32_t bits) { return bits ? sig_of_bits(bits) : Sig{0x80
 // kFast: the f32 path (block_codec.h), else the Sig path. Restrict-qualified parameters
 // let the compiler vectorize without alias checks.
 template <class F, class In, bool kSR, bool kFake, bool kFast, bool kPerElement>
-__attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
+__attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restrict x,
+                                        const uint32_t* __restrict rand,
               uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
-              const Sig* __restrict m, const float* __restrict df, const Sig* __restrict d,
-              const uint32_t* __restrict special) {
+              const uint32_t* __restrict msig, const int32_t* __restrict mexp,
+              const float* __restrict df, const uint32_t* __restrict dsig,
+              const int32_t* __restrict dexp, const uint32_t* __restrict special) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
     const uint32_t bits = In::widen(x[c]);
@@ -63,7 +65,7 @@ __attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restr
     if constexpr (kFast) {
       code = block_encode_f32<F, kSR>(bits, mf[j], r);
     } else {
-      code = block_encode<F, kSR>(bits, m[j], r);
+      code = block_encode<F, kSR>(bits, Sig{msig[j], mexp[j]}, r);
     }
     const uint32_t keep = special[j] - 1u;  // 0 in a NaN / Inf block (a mask, not a select:
     code &= keep;                           // the loop then vectorizes at every level)
@@ -72,7 +74,7 @@ __attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restr
       if constexpr (kFast) {
         v = as_bits(as_float(grid_value_bits<F>(code)) * df[j]);
       } else {
-        v = block_decode<F>(code, d[j], Sig{0, 0});
+        v = block_decode<F>(code, Sig{dsig[j], dexp[j]}, Sig{0, 0});
       }
       out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
     } else {
@@ -90,8 +92,9 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   const T* x = static_cast<const T*>(p.x);
   const Sig s_enc = tensor_scale_sig(p.tensor_scale);
   const int64_t tc = kTC ? kTC : p.tile_cols;
-  uint32_t amax[kMaxUnitTiles];
-  Sig m[kMaxUnitTiles], d[kMaxUnitTiles];
+  uint32_t amax[kMaxUnitTiles], msig[kMaxUnitTiles], dsig[kMaxUnitTiles];
+  int32_t mexp[kMaxUnitTiles], dexp[kMaxUnitTiles];  // Sigs as two arrays (no 8-byte stores
+                                                     // of two 4-byte halves)
   float mf[kMaxUnitTiles], df[kMaxUnitTiles];
   uint32_t special[kMaxUnitTiles];
   bool fast[kMaxUnitTiles];
@@ -127,7 +130,8 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     };
     for (int64_t j = 0; j < tiles; ++j) {
       const BlockScale bs = scale_of(amax[j]);
-      m[j] = bs.m, d[j] = bs.d, mf[j] = f32_value(bs.m), df[j] = f32_value(bs.d);
+      msig[j] = bs.m.sig, mexp[j] = bs.m.exp, dsig[j] = bs.d.sig, dexp[j] = bs.d.exp;
+      mf[j] = f32_value(bs.m), df[j] = f32_value(bs.d);
       special[j] = bs.special;
       fast[j] = normal_f32(bs.m) && (!kFake || fast_decode<F>(bs.d, Sig{0, 0}));
       all_fast = all_fast && fast[j];
@@ -141,8 +145,10 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     // Narrow tiles (16, 32) whose scales all take the f32 path: spread the scales over the
     // columns, so that whole rows run as one vector loop (a tile's codes are too few).
     const bool spread = kTC > 1 && all_fast;
-    for (int64_t c = 0; spread && c < width; ++c) {
-      mfe[c] = mf[c / tc], dfe[c] = df[c / tc], spe[c] = special[c / tc];
+    for (int64_t j = 0; spread && j < tiles; ++j) {
+      for (int64_t k = 0; k < kTC; ++k) {  // a broadcast store; past width: unused
+        mfe[j * kTC + k] = mf[j], dfe[j * kTC + k] = df[j], spe[j * kTC + k] = special[j];
+      }
     }
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
@@ -151,14 +157,17 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
       uint8_t* cr = kFake ? nullptr : p.codes + first;
       float* orow = kFake ? p.out + first : nullptr;
       if (spread) {
-        code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mfe, m, dfe, d, spe);
+        code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mfe, msig, mexp, dfe,
+                                                dsig, dexp, spe);
         continue;
       }
       if (tc == 1) {
         if (all_fast) {
-          code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mf, m, df, d, special);
+          code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mf, msig, mexp, df,
+                                                  dsig, dexp, special);
         } else {
-          code_run<F, In, kSR, kFake, false, true>(width, xr, rr, cr, orow, mf, m, df, d, special);
+          code_run<F, In, kSR, kFake, false, true>(width, xr, rr, cr, orow, mf, msig, mexp, df,
+                                                   dsig, dexp, special);
         }
         continue;
       }
@@ -168,11 +177,13 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         uint8_t* cc = kFake ? nullptr : cr + c;
         float* oc = kFake ? orow + c : nullptr;
         if (fast[j]) {
-          code_run<F, In, kSR, kFake, true, false>(n, xr + c, rc, cc, oc, mf + j, m + j, df + j,
-                                                   d + j, special + j);
+          code_run<F, In, kSR, kFake, true, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
+                                                   mexp + j,
+                                                   df + j, dsig + j, dexp + j, special + j);
         } else {
-          code_run<F, In, kSR, kFake, false, false>(n, xr + c, rc, cc, oc, mf + j, m + j, df + j,
-                                                    d + j, special + j);
+          code_run<F, In, kSR, kFake, false, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
+                                                    mexp + j,
+                                                    df + j, dsig + j, dexp + j, special + j);
         }
       }
     }
@@ -182,16 +193,18 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 // f32 values of n codes from c on under their tiles' decode scales (kPerElement as in
 // code_run), divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
 template <class F, bool kFast, bool kPerElement>
-__attribute__((noinline)) void decode_run(int64_t n, const uint8_t* __restrict codes, float* __restrict out,
-                const float* __restrict df, const Sig* __restrict d,
-                const uint32_t* __restrict nan, float tsf, Sig ts) {
+__attribute__((noinline)) void decode_run(int64_t n, const uint8_t* __restrict codes,
+                                          float* __restrict out,
+                const float* __restrict df, const uint32_t* __restrict dsig,
+                const int32_t* __restrict dexp, const uint32_t* __restrict nan, float tsf,
+                Sig ts) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
     uint32_t v;
     if constexpr (kFast) {
       v = as_bits(as_float(grid_value_bits<F>(codes[c])) * df[j] / tsf);
     } else {
-      v = block_decode<F>(codes[c], d[j], ts);
+      v = block_decode<F>(codes[c], Sig{dsig[j], dexp[j]}, ts);
     }
     const uint32_t keep = nan[j] - 1u;  // as in code_run
     out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
@@ -204,7 +217,8 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   const Sig ts = p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
   const float tsf = ts.sig ? f32_value(ts) : 1.0f;
   const int64_t tc = p.tile_cols;
-  Sig d[kMaxUnitTiles];
+  uint32_t dsig[kMaxUnitTiles];
+  int32_t dexp[kMaxUnitTiles];
   float df[kMaxUnitTiles];
   uint32_t nan[kMaxUnitTiles], nane[cpu::kUnitCols];
   bool fast[kMaxUnitTiles];
@@ -215,39 +229,46 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     const int64_t si = scale_index(p, s);
     bool all_fast = true;
     for (int64_t j = 0; j < tiles; ++j) {
-      const uint32_t stored = p.scale >= kScaleFP32 ? static_cast<const uint32_t*>(p.in_scales)[si + j]
-                                                    : static_cast<const uint8_t*>(p.in_scales)[si + j];
+      const uint32_t stored = p.scale >= kScaleFP32
+                                  ? static_cast<const uint32_t*>(p.in_scales)[si + j]
+                                  : static_cast<const uint8_t*>(p.in_scales)[si + j];
       bool is_nan;
-      d[j] = stored_scale_value(stored, p.scale, is_nan);
+      const Sig d = stored_scale_value(stored, p.scale, is_nan);
       nan[j] = is_nan;
-      df[j] = f32_value(d[j]);
-      fast[j] = fast_decode<F>(d[j], ts);
+      dsig[j] = d.sig, dexp[j] = d.exp, df[j] = f32_value(d);
+      fast[j] = fast_decode<F>(d, ts);
       all_fast = all_fast && fast[j];
     }
     const bool spread = (tc == 16 || tc == 32) && all_fast;  // as in quantize_units
-    for (int64_t c = 0; spread && c < width; ++c) dfe[c] = df[c / tc], nane[c] = nan[c / tc];
+    for (int64_t j = 0; spread && j < tiles; ++j) {
+      for (int64_t k = 0; k < tc; ++k) dfe[j * tc + k] = df[j], nane[j * tc + k] = nan[j];
+    }
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
       const uint8_t* __restrict codes = p.in_codes + first;
       float* __restrict out = p.out + first;
       if (spread) {
-        decode_run<F, true, true>(width, codes, out, dfe, d, nane, tsf, ts);
+        decode_run<F, true, true>(width, codes, out, dfe, dsig, dexp, nane, tsf, ts);
         continue;
       }
       if (tc == 1) {
         if (all_fast) {
-          decode_run<F, true, true>(width, codes, out, df, d, nan, tsf, ts);
+          decode_run<F, true, true>(width, codes, out, df, dsig, dexp, nan, tsf, ts);
         } else {
-          decode_run<F, false, true>(width, codes, out, df, d, nan, tsf, ts);
+          decode_run<F, false, true>(width, codes, out, df, dsig, dexp, nan, tsf, ts);
         }
         continue;
       }
       for (int64_t j = 0; j < tiles; ++j) {
         const int64_t c = j * tc, n = min64(width, c + tc) - c;
         if (fast[j]) {
-          decode_run<F, true, false>(n, codes + c, out + c, df + j, d + j, nan + j, tsf, ts);
+          decode_run<F, true, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
+                                     tsf,
+                                     ts);
         } else {
-          decode_run<F, false, false>(n, codes + c, out + c, df + j, d + j, nan + j, tsf, ts);
+          decode_run<F, false, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
+                                      tsf,
+                                     ts);
         }
       }
     }
