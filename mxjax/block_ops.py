@@ -24,17 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax import block_codec
+from mxjax import block_codec, formats, sharding
 from mxjax.block_format import BlockFormat
 from mxjax.quantize import _no_derivative, _per_platform
-from mxjax.sharding import blockwise_partitioned
 
 _NO_BITS = np.zeros((1,), np.uint32)  # the rand operand without stochastic rounding
 
 
 def _attrs(bf: BlockFormat, axis: int) -> dict:
   return dict(format=np.int32(bf.element_format.ffi_id), scale=np.int32(bf.scale.ffi_id),
-              scale_mode=np.int32(0 if bf.scale_mode == "rceil" else 1),
+              scale_mode=np.int32(formats.scale_mode(bf.scale_mode).ffi_id),
               block_rows=np.int64(bf.block[0]), block_cols=np.int64(bf.block[1]),
               axis=np.int64(axis))
 
@@ -58,12 +57,17 @@ def _lowered(ffi, xla):
 
 
 def _partitioned(call, bf: BlockFormat, axis: int, kind: str):
-  """`call` with its sharding rules where they exist for `kind` and `bf` (else as is)."""
+  """`call` with its sharding rules where they exist for `kind` and `bf`; else `call` on
+  operands gathered from Explicit mesh axes (the whole array, as Auto axes give it)."""
   if bf.two_d and kind != "fake_quantize":
-    return call
+    def whole(*args):
+      if any(sharding.typed_spec(a) is not None for a in args):
+        args = [jax.sharding.reshard(a, jax.sharding.PartitionSpec()) for a in args]
+      return call(*args)
+    return whole
   axes = (-2, -1) if bf.two_d else (axis,)
   b = bf.block[1]
-  return blockwise_partitioned(call, axes, b, b, kind=kind)
+  return sharding.blockwise_partitioned(call, axes, b, b, kind=kind)
 
 
 def _op(run, xla, name: str):

@@ -173,6 +173,23 @@ def test_sharded_fake_quantize_keeps_its_sharding(name, spec):
     assert bool(ops) == bf.tensor_scale, (kind, ops)
 
 
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+def test_two_d_quantize_on_a_mesh():
+  """2-D tiles' quantize and dequantize take a sharded operand whole (Auto and Explicit
+  axes) and equal the oracle."""
+  x = _awkward((64, 45), jnp.float32)  # 64 rows: 8 per device, half a tile
+  want = reference.block_quantize(x, bfmt.NVFP4_2D)
+  want_deq = reference.block_dequantize(*want, bfmt.NVFP4_2D)
+  for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+    with jax.set_mesh(mesh):
+      got = jax.jit(lambda x: block_ops.quantize(x, bfmt.NVFP4_2D))(xs)
+      deq = jax.jit(lambda c, s, t: block_ops.dequantize(c, s, t, bfmt.NVFP4_2D))(*got)
+    for w, g in zip((*want, want_deq), (*got, deq)):
+      np.testing.assert_array_equal(_u(g), _u(w), err_msg=str(kind))
+
+
 _TRAINING_STEPS = """
 import hashlib, jax, jax.numpy as jnp, numpy as np
 import mxjax

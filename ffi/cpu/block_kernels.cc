@@ -5,11 +5,11 @@
 //
 // A work unit is a run of whole tiles of one tile row: its block amaxes are reduced, each
 // tile's scale is made once (scalar), then every element is encoded (and, for
-// fake_quantize, decoded) with its tile's multiplier.
+// fake_quantize, decoded) with its tile's multiplier: one f32 multiply where the block's
+// scales allow it (block_codec.h's fast path), the exact Sig arithmetic otherwise.
 #include <cstdint>
 #include <type_traits>
 
-#include "gcc_diagnostics.h"
 #include "kernels.h"
 #include "mxjax/block_codec.h"
 #include "mxjax/quantize.h"
@@ -50,12 +50,12 @@ Sig tensor_scale_sig(uint32_t bits) { return bits ? sig_of_bits(bits) : Sig{0x80
 // kFast: the f32 path (block_codec.h), else the Sig path. Restrict-qualified parameters
 // let the compiler vectorize without alias checks.
 template <class F, class In, bool kSR, bool kFake, bool kFast, bool kPerElement>
-__attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restrict x,
-                                        const uint32_t* __restrict rand,
-              uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
-              const uint32_t* __restrict msig, const int32_t* __restrict mexp,
-              const float* __restrict df, const uint32_t* __restrict dsig,
-              const int32_t* __restrict dexp, const uint32_t* __restrict special) {
+__attribute__((noinline)) void code_run(
+    int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
+    uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
+    const uint32_t* __restrict msig, const int32_t* __restrict mexp, const float* __restrict df,
+    const uint32_t* __restrict dsig, const int32_t* __restrict dexp,
+    const uint32_t* __restrict special) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
     const uint32_t bits = In::widen(x[c]);
@@ -85,7 +85,7 @@ __attribute__((noinline)) void code_run(int64_t n, const typename In::T* __restr
 
 // Quantize (kFake: dequantize in registers, f32 out, no tensor scale applied) the units
 // [begin, end) of p, elements F from In, stochastic rounding when kSR; tiles kTC columns
-// wide (0: p.tile_cols, a constant width lets the compiler unroll a tile's loops).
+// wide (16, 32: narrow tiles, whose scales are spread over the columns; 0: p.tile_cols).
 template <class F, class In, bool kSR, bool kFake, int kTC>
 void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   using T = typename In::T;
@@ -107,7 +107,9 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const T* __restrict row = x + (s.b * p.rows + r) * p.cols + s.c0;
       if (tc == 1) {
-        for (int64_t c = 0; c < width; ++c) amax[c] = umax(amax[c], In::widen(row[c]) & kF32Abs);
+        for (int64_t c = 0; c < width; ++c) {
+          amax[c] = umax(amax[c], In::widen(row[c]) & kF32Abs);
+        }
         continue;
       }
       for (int64_t j = 0; j < tiles; ++j) {
@@ -178,12 +180,12 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         float* oc = kFake ? orow + c : nullptr;
         if (fast[j]) {
           code_run<F, In, kSR, kFake, true, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
-                                                   mexp + j,
-                                                   df + j, dsig + j, dexp + j, special + j);
+                                                   mexp + j, df + j, dsig + j, dexp + j,
+                                                   special + j);
         } else {
           code_run<F, In, kSR, kFake, false, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
-                                                    mexp + j,
-                                                    df + j, dsig + j, dexp + j, special + j);
+                                                    mexp + j, df + j, dsig + j, dexp + j,
+                                                    special + j);
         }
       }
     }
@@ -193,11 +195,10 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 // f32 values of n codes from c on under their tiles' decode scales (kPerElement as in
 // code_run), divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
 template <class F, bool kFast, bool kPerElement>
-__attribute__((noinline)) void decode_run(int64_t n, const uint8_t* __restrict codes,
-                                          float* __restrict out,
-                const float* __restrict df, const uint32_t* __restrict dsig,
-                const int32_t* __restrict dexp, const uint32_t* __restrict nan, float tsf,
-                Sig ts) {
+__attribute__((noinline)) void decode_run(
+    int64_t n, const uint8_t* __restrict codes, float* __restrict out, const float* __restrict df,
+    const uint32_t* __restrict dsig, const int32_t* __restrict dexp,
+    const uint32_t* __restrict nan, float tsf, Sig ts) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
     uint32_t v;
@@ -214,7 +215,8 @@ __attribute__((noinline)) void decode_run(int64_t n, const uint8_t* __restrict c
 // f32 values of the codes and scales of the units [begin, end) of p.
 template <class F>
 void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
-  const Sig ts = p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
+  const Sig ts =
+      p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
   const float tsf = ts.sig ? f32_value(ts) : 1.0f;
   const int64_t tc = p.tile_cols;
   uint32_t dsig[kMaxUnitTiles];
@@ -263,12 +265,10 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         const int64_t c = j * tc, n = min64(width, c + tc) - c;
         if (fast[j]) {
           decode_run<F, true, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
-                                     tsf,
-                                     ts);
+                                     tsf, ts);
         } else {
           decode_run<F, false, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
-                                      tsf,
-                                     ts);
+                                      tsf, ts);
         }
       }
     }

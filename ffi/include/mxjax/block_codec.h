@@ -89,7 +89,7 @@ MXJAX_HD uint32_t round_to_grid_sr(Sig v, int32_t emin, int32_t man_bits, uint32
 // The fast path: where a block's multiplier (and decode scale) are normal f32s whose
 // products with the block's values stay normal, one f32 multiply gives the rules' 24-bit
 // rounding; a product below 2^-126 gives code 0 either way (every element format's
-// quantum is far larger). The kernels check that per block (fast_encode / fast_decode)
+// quantum is far larger). The kernels check that per block (normal_f32 / fast_decode)
 // and run the Sig functions otherwise.
 
 // Whether a Sig is zero or a normal f32.
