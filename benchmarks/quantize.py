@@ -167,7 +167,8 @@ def bench_block_formats(shape, reps: int):
   SIMD level in use, or plain XLA where the FFI is off) and their plain-XLA path
   (`mxjax.block_codec`, the baseline) on a bf16 matrix: quantize along the last axis (2-D
   formats: in tiles), along the first (1-D formats), the same with stochastic rounding
-  (its uint32 bits an input), dequantize and fake_quantize (the GEMM's operand, f32 out).
+  (its uint32 bits an input), both at once ("2x": `quantize_2x`, one pass; the XLA path
+  quantizes twice), dequantize and fake_quantize (the GEMM's operand, f32 out).
   Each prints its time and the bytes it moves per second as a fraction of the parallel
   copy's: the bf16 input (plus the bits), one byte per code (one per element, unpacked,
   as the kernels write them), the scales, and f32 for the dequantized outputs. NVFP4's
@@ -198,6 +199,9 @@ def bench_block_formats(shape, reps: int):
            "fake": (lambda m, x, r, c, s, t, bf=bf: m.fake_quantize(x, bf, -1), n * 6)}
     if not bf.two_d:
       ops["col"] = (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, 0), n * 3 + scale_bytes)
+      ops["2x"] = (lambda m, x, r, c, s, t, bf=bf: (m.quantize_2x(x, bf) if m is block_ops else
+                                                   (m.quantize(x, bf, -1), m.quantize(x, bf, 0))),
+                   n * 4 + 2 * scale_bytes)
     if bf.tensor_scale:
       ops["amax"] = (lambda m, x, r, c, s, t, bf=bf: block_codec.tensor_scale(x, bf), n * 2)
     args = (x, rand, codes, scales, ts)

@@ -29,6 +29,7 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_dequantize"] = capsule(MxjaxDequantizeCpu);
     d["mxjax_fake_quantize"] = capsule(MxjaxFakeQuantizeCpu);
     d["mxjax_block_quantize"] = capsule(MxjaxBlockQuantizeCpu);
+    d["mxjax_block_quantize_2x"] = capsule(MxjaxBlockQuantize2xCpu);
     d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCpu);
     d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCpu);
     return d;

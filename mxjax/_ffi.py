@@ -3,8 +3,8 @@
 Targets (see the team contract): `mxjax_quantize`, `mxjax_quantize_2x`, `mxjax_dequantize`,
 for platform "cpu" and, when built with CUDA, "CUDA" under the same names;
 `mxjax_fake_quantize` (quantize then dequantize in one pass) and the block-scaled formats'
-`mxjax_block_quantize`, `mxjax_block_dequantize`, `mxjax_block_fake_quantize` for "cpu"
-only. Registering a target does not make the ops use it: `mxjax.backend` decides per
+`mxjax_block_quantize`, `mxjax_block_quantize_2x`, `mxjax_block_dequantize`,
+`mxjax_block_fake_quantize` for "cpu" only. Registering a target does not make the ops use it: `mxjax.backend` decides per
 platform.
 """
 

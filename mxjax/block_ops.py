@@ -1,5 +1,5 @@
-"""Block-scaled formats (`mxjax.block_format`) as JAX ops: quantize, dequantize and
-fake_quantize, lowered per platform inside one program: the CPU kernels
+"""Block-scaled formats (`mxjax.block_format`) as JAX ops: quantize, quantize_2x,
+dequantize and fake_quantize, lowered per platform inside one program: the CPU kernels
 (ffi/cpu/block_kernels.cc, at the SIMD level in use) where `mxjax.backend` picks the FFI
 for "cpu", `mxjax.block_codec` (plain XLA, the same bits) on every other platform (there
 are no CUDA block kernels).
@@ -8,8 +8,8 @@ The functions take and return what `block_codec`'s do. The FP32 tensor scale (NV
 reduced over the whole tensor in XLA first and reaches the kernels as an operand, as do
 the stochastic-rounding bits (`block_codec.random_bits`, on the global element index).
 
-Sharding: fake_quantize (the block GEMM's operand) and quantize / dequantize of 1-D
-blocks keep their operand's sharding on Auto and Explicit mesh axes
+Sharding: fake_quantize (the block GEMM's operand), quantize_2x and quantize / dequantize
+of 1-D blocks keep their operand's sharding on Auto and Explicit mesh axes
 (`mxjax.sharding.blockwise_partitioned`); quantize / dequantize of 2-D tiles run where
 the partitioner places them (the whole array). Under `jax.vmap` the ops run the XLA path.
 None has a derivative (see `mxjax.fake_quantize` for a straight-through one).
@@ -105,6 +105,25 @@ def _quantize_op(bf: BlockFormat, axis: int, sr: bool):
 
 
 @functools.lru_cache(maxsize=None)
+def _quantize_2x_op(bf: BlockFormat):
+  """(x, ts) -> (row codes, row scales, column codes, column scales)."""
+
+  def xla(x, ts):
+    t = ts[0] if bf.tensor_scale else None
+    return (*block_codec.quantize(x, bf, x.ndim - 1, None, t)[:2],
+            *block_codec.quantize(x, bf, x.ndim - 2, None, t)[:2])
+
+  def ffi(x, ts):
+    out = (jax.ShapeDtypeStruct(x.shape, jnp.uint8), _scales_type(x.shape, bf, x.ndim - 1),
+           jax.ShapeDtypeStruct(x.shape, jnp.uint8), _scales_type(x.shape, bf, x.ndim - 2))
+    return jax.ffi.ffi_call("mxjax_block_quantize_2x", out)(x, ts, **_attrs(bf, x.ndim - 1))
+
+  b = bf.block[1]
+  call = sharding.blockwise_partitioned(_lowered(ffi, xla), (-1, -2), b, b)
+  return _op(call, xla, "mxjax.block_ops.quantize_2x")
+
+
+@functools.lru_cache(maxsize=None)
 def _fake_quantize_op(bf: BlockFormat, axis: int, sr: bool):
   """(x, rand, ts) -> f32 values, no tensor scale applied."""
 
@@ -158,6 +177,22 @@ def quantize(x, bf: BlockFormat, axis: int = -1, rand=None, tensor_scale_bits=No
   bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
   codes, scales = _quantize_op(bf, axis, rand is not None)(x, bits, _ts_operand(ts))
   return codes, scales, ts
+
+
+def quantize_2x(x, bf: BlockFormat):
+  """x [..., M, K] (rank >= 2) -> ((codes, scales) along K, (codes, scales) along M, tensor
+  scale f32 bits or None): both quantizations of x in one pass over it (its 1-D blocks of
+  b, b dividing 512; no stochastic rounding), each as `quantize`'s. 2-D tiles need no
+  second quantization: `quantize` serves both orientations."""
+  if bf.two_d:
+    raise ValueError(f"{bf}: 2-D tiles serve both orientations; use block_ops.quantize")
+  if x.ndim < 2:
+    raise ValueError(f"quantize_2x needs an array of rank >= 2, got shape {x.shape}")
+  if 512 % bf.block[1]:
+    raise ValueError(f"{bf}: quantize_2x takes blocks of a size dividing 512")
+  ts = block_codec.tensor_scale(x, bf) if bf.tensor_scale else None
+  rc, rs, cc, cs = _quantize_2x_op(bf)(x, _ts_operand(ts))
+  return (rc, rs), (cc, cs), ts
 
 
 def dequantize(codes, scales, tensor_scale_bits, bf: BlockFormat, axis: int = -1,

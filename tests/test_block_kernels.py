@@ -1,7 +1,8 @@
 """The block-scaled formats' CPU kernels (ffi/cpu/block_kernels.cc through
 `mxjax.block_ops`) against the oracle (`mxjax.reference.block_quantize` /
 `block_dequantize`), bit for bit, at every SIMD level this build and CPU run: rows,
-strided columns, 2-D tiles, stochastic rounding given its bits, the tensor scale, ragged
+strided columns, both in one pass (quantize_2x), 2-D tiles, stochastic rounding given its
+bits, the tensor scale, ragged
 edges, zero / subnormal / Inf / NaN blocks, every bf16 pattern; proof that the kernels
 ran; their sharding."""
 
@@ -112,6 +113,36 @@ def test_special_blocks(name):
     _assert_same(jnp.asarray(np.ascontiguousarray(x.T)), bf, 0, True, np.dtype(dtype).name)
 
 
+_quantize_2x_jit = jax.jit(block_ops.quantize_2x, static_argnums=(1,))
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "mxfp4", "e4m3_fp32_1x16"])
+def test_quantize_2x_equals_the_oracle_both_ways(name):
+  """Rowwise and columnwise quantizations of one input in one pass: each equals the
+  oracle's along its axis (a batch dim, ragged edges, the awkward rows, the tensor scale)."""
+  bf = FORMATS[name]
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x = _awkward_3d(dtype)
+    key = (bf, "2x", x.dtype)
+    if key not in _wanted:
+      _wanted[key] = [[_u(a) for a in reference.block_quantize(x, bf, axis=axis)[:2]]
+                      for axis in (-1, -2)]
+    rows, cols, ts = _quantize_2x_jit(x, bf)
+    for what, want, got in (("rows", _wanted[key][0], rows), ("columns", _wanted[key][1], cols)):
+      for w, g in zip(want, got):
+        np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} {what} {jnp.dtype(dtype).name}")
+    assert (ts is None) == (not bf.tensor_scale)
+
+
+def test_quantize_2x_refuses_what_it_cannot_do():
+  with pytest.raises(ValueError, match="2-D tiles serve both orientations"):
+    block_ops.quantize_2x(jnp.ones((32, 32)), bfmt.MXFP8_2D)
+  with pytest.raises(ValueError, match="rank >= 2"):
+    block_ops.quantize_2x(jnp.ones((32,)), bfmt.NVFP4)
+  with pytest.raises(ValueError, match="dividing 512"):
+    block_ops.quantize_2x(jnp.ones((48, 48)), BlockFormat("e4m3", ScaleFormat.FP32, (1, 48)))
+
+
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
 def test_the_kernels_run():
   """The compiled programs call the block kernels (their results are the custom calls')."""
@@ -122,6 +153,8 @@ def test_the_kernels_run():
                                         block_ops.fake_quantize(x, bf, -1))).lower(
                                             x, rand).compile().as_text()
     assert "mxjax_block_quantize" in text and "mxjax_block_fake_quantize" in text
+  text = jax.jit(lambda x: block_ops.quantize_2x(x, bfmt.NVFP4)).lower(x).compile().as_text()
+  assert "mxjax_block_quantize_2x" in text
 
 
 def test_under_vmap_the_ops_equal_the_oracle():
@@ -171,6 +204,27 @@ def test_sharded_fake_quantize_keeps_its_sharding(name, spec):
     assert got.sharding.is_equivalent_to(sharding, 2), (kind, got.sharding)
     assert all(op == "all-reduce" and shape == () for op, shape, _ in ops), (kind, ops)
     assert bool(ops) == bf.tensor_scale, (kind, ops)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+def test_sharded_quantize_2x_keeps_its_sharding():
+  """Rows sharded over 8 devices, whole blocks on each: the same results as one device,
+  the operand's sharding kept, no collective but the tensor amax's all-reduce."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((2, 128, 256)), jnp.bfloat16)
+  f = lambda x: block_ops.quantize_2x(x, bfmt.NVFP4)  # noqa: E731
+  want = jax.jit(f)(x)
+  for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "d"))
+    xs = jax.device_put(x, sharding)
+    with jax.set_mesh(mesh):
+      got = jax.jit(f)(xs)
+      ops = compiled_collectives(f, xs)
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=str(kind))
+    assert got[0][0].sharding.is_equivalent_to(sharding, 3), (kind, got[0][0].sharding)
+    assert all(op == "all-reduce" and shape == () for op, shape, _ in ops), (kind, ops)
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")

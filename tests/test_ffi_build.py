@@ -11,8 +11,8 @@ import pytest
 from mxjax import _ffi
 
 TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}  # CPU and CUDA
-CPU_ONLY_TARGETS = {"mxjax_fake_quantize", "mxjax_block_quantize", "mxjax_block_dequantize",
-                    "mxjax_block_fake_quantize"}
+CPU_ONLY_TARGETS = {"mxjax_fake_quantize", "mxjax_block_quantize", "mxjax_block_quantize_2x",
+                    "mxjax_block_dequantize", "mxjax_block_fake_quantize"}
 
 
 def test_extension_loads_and_registers():

@@ -1,11 +1,13 @@
 // XLA FFI handlers (platform "cpu") of the block-scaled formats: mxjax_block_quantize,
-// mxjax_block_dequantize and mxjax_block_fake_quantize (mxjax/block_ops.py calls them).
+// mxjax_block_quantize_2x, mxjax_block_dequantize and mxjax_block_fake_quantize
+// (mxjax/block_ops.py calls them).
 //
 // Attributes: format (element id), scale (ScaleKind), scale_mode, block_rows, block_cols
 // ((1, b): 1-D blocks along `axis`; (b, b): 2-D tiles over the last two axes), axis.
 // Operands besides the data: `rand`, uint32 of x's shape (stochastic rounding) or of
 // shape (1,) (nearest even; attribute stochastic_rounding); `tensor_scale`, uint32[1] of
-// f32 bits (0: none).
+// f32 bits (0: none). quantize_2x takes (1, b) blocks with b dividing 512, along the last
+// axis (rows) and the one before (columns), with no stochastic rounding.
 #include <cstdint>
 #include <string>
 
@@ -66,18 +68,22 @@ ffi::Error check_scales(const ffi::AnyBuffer& scales, const BlockProblem& p) {
   return ffi::Error::Success();
 }
 
+ffi::Error read_tensor_scale(const ffi::AnyBuffer& ts, BlockProblem& p) {
+  if (ts.element_type() != ffi::DataType::U32 || ts.element_count() != 1) {
+    return invalid("tensor_scale must be uint32[1] (f32 bits)");
+  }
+  p.tensor_scale = *static_cast<const uint32_t*>(ts.untyped_data());
+  return ffi::Error::Success();
+}
+
 ffi::Error check_extras(const ffi::AnyBuffer& rand, const ffi::AnyBuffer& ts, int64_t n,
                         bool stochastic_rounding, BlockProblem& p) {
   if (rand.element_type() != ffi::DataType::U32 ||
       (stochastic_rounding && int64_t(rand.element_count()) != n)) {
     return invalid("rand must be uint32 of x's shape under stochastic rounding");
   }
-  if (ts.element_type() != ffi::DataType::U32 || ts.element_count() != 1) {
-    return invalid("tensor_scale must be a uint32 scalar (f32 bits)");
-  }
   p.rand = stochastic_rounding ? static_cast<const uint32_t*>(rand.untyped_data()) : nullptr;
-  p.tensor_scale = *static_cast<const uint32_t*>(ts.untyped_data());
-  return ffi::Error::Success();
+  return read_tensor_scale(ts, p);
 }
 
 template <class Run>
@@ -112,6 +118,54 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
   p.scales = scales->untyped_data();
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); });
+}
+
+ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer ts,
+                            ffi::Result<ffi::AnyBuffer> row_codes,
+                            ffi::Result<ffi::AnyBuffer> row_scales,
+                            ffi::Result<ffi::AnyBuffer> col_codes,
+                            ffi::Result<ffi::AnyBuffer> col_scales, int32_t format, int32_t scale,
+                            int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis) {
+  auto dims = x.dimensions();
+  const int64_t rank = dims.size();
+  if (rank < 2) return ready_future(invalid("block quantize_2x needs an input of rank >= 2"));
+  if (block_rows != 1 || kUnitCols % block_cols != 0) {
+    return ready_future(invalid("block quantize_2x takes 1-D blocks of a size dividing 512"));
+  }
+  BlockPair pair{};
+  BlockProblem& row = pair.row;
+  auto dtype = high_precision(x.element_type());
+  if (!dtype) return ready_future(invalid("block quantize_2x needs a bf16, f16 or f32 input"));
+  if (auto e = block_view(dims, format, scale, mode, 1, block_cols, rank - 1, row); !e.success()) {
+    return ready_future(e);
+  }
+  row.batch = 1;  // [batch, m, k] in 1 x b tiles
+  for (int64_t i = 0; i < rank - 2; ++i) row.batch *= dims[i];
+  row.rows = dims[rank - 2];
+  row.x = x.untyped_data(), row.dtype = *dtype;
+  if (auto e = read_tensor_scale(ts, row); !e.success()) return ready_future(e);
+  BlockProblem& col = pair.col;
+  col = row;
+  col.tile_rows = block_cols, col.tile_cols = 1;
+  struct Out {
+    ffi::Result<ffi::AnyBuffer>& codes;
+    ffi::Result<ffi::AnyBuffer>& scales;
+    BlockProblem& p;
+  };
+  for (Out o : {Out{row_codes, row_scales, row}, Out{col_codes, col_scales, col}}) {
+    if (o.codes->element_type() != ffi::DataType::U8 ||
+        o.codes->element_count() != x.element_count()) {
+      return ready_future(invalid("codes must be uint8 of x's shape"));
+    }
+    if (auto e = check_scales(*o.scales, o.p); !e.success()) return ready_future(e);
+    o.p.codes = static_cast<uint8_t*>(o.codes->untyped_data());
+    o.p.scales = o.scales->untyped_data();
+  }
+  const BlockKernels& k = *kernels().block;
+  const int64_t u = units(col);
+  if (u == 0) return ready_future();
+  return parallel_for(pool, u, 2 * col.batch * col.rows * col.cols / u,
+                      [&k, pair](int64_t b, int64_t e) { k.quantize_2x(pair, b, e); });
 }
 
 ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
@@ -151,15 +205,12 @@ ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::Any
     return ready_future(e);
   }
   if (auto e = check_scales(scales, p); !e.success()) return ready_future(e);
-  if (ts.element_type() != ffi::DataType::U32 || ts.element_count() != 1) {
-    return ready_future(invalid("tensor_scale must be a uint32 scalar (f32 bits)"));
-  }
+  if (auto e = read_tensor_scale(ts, p); !e.success()) return ready_future(e);
   if (out->element_type() != ffi::DataType::F32 || out->element_count() != codes.element_count()) {
     return ready_future(invalid("out must be float32 of the codes' shape"));
   }
   p.in_codes = static_cast<const uint8_t*>(codes.untyped_data());
   p.in_scales = scales.untyped_data();
-  p.tensor_scale = *static_cast<const uint32_t*>(ts.untyped_data());
   p.apply_tensor_scale = apply_tensor_scale;
   p.out = static_cast<float*>(out->untyped_data());
   const BlockKernels& k = *kernels().block;
@@ -186,6 +237,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantizeCpu, mxjax::cpu::BlockQuantize,
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
                                   .Attr<bool>("stochastic_rounding"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantize2xCpu, mxjax::cpu::BlockQuantize2x,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockFakeQuantizeCpu, mxjax::cpu::BlockFakeQuantize,
                               xla::ffi::Ffi::Bind()

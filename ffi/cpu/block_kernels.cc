@@ -311,6 +311,20 @@ void fake_quantize(const BlockProblem& p, int64_t begin, int64_t end) {
   quantize_dispatch<true>(p, begin, end);
 }
 
+// A band of b rows at a time: each unit quantizes its band's columns, then the band's rows
+// while they are in cache (one pass over x in memory).
+void quantize_2x(const cpu::BlockPair& p, int64_t begin, int64_t end) {
+  const int64_t ncc = ceil_div(p.col.cols, cpu::unit_cols(p.col));
+  for (int64_t u = begin; u < end; ++u) {
+    quantize(p.col, u, u + 1);
+    const Span s = span_of(p.col, u);
+    for (int64_t r = s.r0; r < s.r1; ++r) {
+      const int64_t row_unit = (s.b * p.row.rows + r) * ncc + u % ncc;
+      quantize(p.row, row_unit, row_unit + 1);
+    }
+  }
+}
+
 void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {
   with_format(p.format, [&](auto f) { dequantize_units<decltype(f)>(p, begin, end); });
 }
@@ -324,6 +338,6 @@ void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {
 
 const mxjax::cpu::BlockKernels& mxjax::cpu::MXJAX_CAT(block_kernels_, MXJAX_ISA_NS)() {
   static const BlockKernels table = {&mxjax::quantize, &mxjax::dequantize,
-                                     &mxjax::fake_quantize};
+                                     &mxjax::fake_quantize, &mxjax::quantize_2x};
   return table;
 }

@@ -108,11 +108,19 @@ inline int64_t units(const Quantize2xProblem& p) {
   return p.batch * ceil_div(p.m, p.block) * ceil_div(p.k, kUnitCols);
 }
 
+// Rowwise (1 x b tiles) and columnwise (b x 1) quantizations of one [batch, m, k] input
+// (the same x, dtype, format, scale, tensor scale; no stochastic rounding), with equal
+// unit_cols. Work units: col's.
+struct BlockPair {
+  BlockProblem row, col;
+};
+
 // The block-scaled kernels of one SIMD level (block_kernels.cc).
 struct BlockKernels {
   void (*quantize)(const BlockProblem&, int64_t begin, int64_t end);
   void (*dequantize)(const BlockProblem&, int64_t begin, int64_t end);
   void (*fake_quantize)(const BlockProblem&, int64_t begin, int64_t end);
+  void (*quantize_2x)(const BlockPair&, int64_t begin, int64_t end);
 };
 
 // Kernels for one SIMD level; each runs work units [begin, end) of its problem.
