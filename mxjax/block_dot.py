@@ -34,7 +34,8 @@ from mxjax.block_recipes import BlockRoles
 _MISSING_KEY = (
     "{where}: stochastic rounding (recipe {recipe}) needs a random key for the backward "
     "pass. Linen: apply the model with rngs={{'mx': key}} (a new key each step, e.g. "
-    "jax.random.fold_in(key, step)); nnx: give the module an nnx.Rngs with an 'mx' stream; "
+    "jax.random.fold_in(key, step)); mxjax.nnx modules: give them an nnx.Rngs with an 'mx' "
+    "stream; mxjax.quantized(fn) and mxjax.nnx.quantize(model): call them with mx_rng=key; "
     "mxjax.block_dot.dot_general: pass rng=key. Or turn stochastic rounding off.")
 
 

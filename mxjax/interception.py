@@ -55,21 +55,23 @@ def quantized(fn, rules=None, *, name: str | None = None):
     name: what warnings call the function (default its `__name__`).
 
   Returns:
-    A function with `fn`'s signature. Under an enabled `mxjax.autocast` it traces `fn`
-    and runs each product as the MX product of its rule; outside one it is `fn` itself
-    (bit for bit). Warns, once per trace, when it quantizes no product (naming the
-    reasons) and for each rule that matches no product path.
+    A function with `fn`'s signature plus a keyword `mx_rng`: the key of recipes with
+    stochastic rounding (`NVFP4BlockScaling`, ...; a new one per step, e.g.
+    `jax.random.fold_in(key, step)`), folded with each product's number. Under an enabled
+    `mxjax.autocast` it traces `fn` and runs each product as the MX product of its rule;
+    outside one it is `fn` itself (bit for bit). Warns, once per trace, when it quantizes
+    no product (naming the reasons) and for each rule that matches no product path.
   """
   checked = None if rules is None else rules_lib.check(rules, "mxjax.quantized rules")
   label = name or getattr(fn, "__name__", type(fn).__name__)
 
   @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
+  def wrapper(*args, mx_rng=None, **kwargs):
     recipe = context.get_recipe()
     if recipe is None:
       return fn(*args, **kwargs)
     rules = checked if checked is not None else (context.get_layer_rules() or ())
-    return run(fn, args, kwargs, recipe=recipe, rules=rules, where=label)
+    return run(fn, args, kwargs, recipe=recipe, rules=rules, where=label, rng=mx_rng)
 
   return wrapper
 

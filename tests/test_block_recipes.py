@@ -137,6 +137,41 @@ def test_nnx_rng_stream_advances_per_call():
     grad(bare)
 
 
+class _OwnProducts(nnx.Module):
+  """A model written with its own params and `@` (no stock layer)."""
+
+  def __init__(self, rngs):
+    self.w1 = nnx.Param(jax.random.normal(rngs.params(), (32, 48)) / 6)
+    self.w2 = nnx.Param(jax.random.normal(rngs.params(), (48, 16)) / 7)
+
+  def __call__(self, x):
+    return jnp.tanh(x @ self.w1[...]) @ self.w2[...]
+
+
+def test_mx_rng_keys_stochastic_rounding_of_quantized_functions_and_nnx_models():
+  """`mxjax.quantized(fn)` and `mxjax.nnx.quantize(model)` take the key as `mx_rng`: the
+  same key gives the same gradient, another key another one, none a clear error."""
+  x = jnp.asarray(np.random.default_rng(3).standard_normal((16, 32)), jnp.float32)
+  model = mxjax.nnx.quantize(_OwnProducts(nnx.Rngs(0)))
+  w1, w2 = model.w1[...], model.w2[...]
+  loss_fn = mxjax.quantized(lambda w1, w2, x: jnp.sum((jnp.tanh(x @ w1) @ w2) ** 2))
+
+  def fn_grad(key):
+    with mxjax.autocast(recipe=NVFP4BlockScaling()):
+      return jax.jit(jax.grad(lambda w: loss_fn(w, w2, x, mx_rng=key)))(w1)
+
+  def nnx_grad(key):
+    with mxjax.autocast(recipe=NVFP4BlockScaling()):
+      return nnx.grad(lambda m: jnp.sum(m(x, mx_rng=key) ** 2))(model).w1[...]
+
+  for grad in (fn_grad, nnx_grad):
+    a, b, c = grad(jax.random.key(1)), grad(jax.random.key(1)), grad(jax.random.key(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    with pytest.raises(ValueError, match="mx_rng=key"):
+      grad(None)
+
+
 def test_same_key_same_result_on_one_device_and_a_mesh():
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")

@@ -34,7 +34,7 @@ def intercept_calls(model: nnx.Module, rules) -> None:
 def _intercepting_class(base: type) -> type:
   original = base.__call__
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args, mx_rng=None, **kwargs):
     recipe = context.get_recipe()
     if recipe is None or getattr(_INSIDE, "on", False):
       return original(self, *args, **kwargs)
@@ -55,7 +55,7 @@ def _intercepting_class(base: type) -> type:
 
     out, new_state = interception.run(
         pure, (state, args, kwargs), {}, recipe=recipe, rules=self._mx_rules,
-        where=f"the NNX model {base.__name__}",
+        where=f"the NNX model {base.__name__}", rng=mx_rng,
         dequantize=lambda inputs: inputs)  # stock layers' MX kernels: in `pure`
     if any(jax.tree.leaves(jax.tree.map(lambda a, b: a is not b, state, new_state))):
       nnx.update(self, new_state)  # only where the call changed its state (BatchNorm, rngs)
