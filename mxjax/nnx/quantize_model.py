@@ -155,9 +155,10 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
       graph path (`mxjax.rules`); a layer no rule matches follows the autocast recipe.
 
   Returns:
-    `model` itself. Everything is checked before anything changes: a bad rule, or a
-    matched layer that already has a product of its own (not the stock one, nor an
-    earlier `quantize`'s), raises and leaves the model as it was.
+    `model` itself; call it as before, plus `mx_rng=key` for recipes with stochastic
+    rounding (a new key per step). Everything is checked before anything changes: a bad
+    rule, or a matched layer that already has a product of its own (not the stock one,
+    nor an earlier `quantize`'s), raises and leaves the model as it was.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"mxjax.nnx.quantize needs an nnx.Module, got {type(model).__name__}")
