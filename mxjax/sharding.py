@@ -66,7 +66,7 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
   if kind not in CALL_KINDS:
     raise ValueError(f"blockwise_partitioned: kind must be one of {CALL_KINDS}, got {kind!r}")
   dequantize = kind != "quantize"  # the result is x-shaped
-  leading = 2 * len(blocked_axes) if kind == "dequantize" else 1  # operands before extras
+  leading = _leading(kind, len(blocked_axes))
   op = custom_partitioning(call)
   op.def_partition(
       partition=_partition(call, blocked_axes, block_size, dequantize, leading),
@@ -265,6 +265,11 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
 # Auto axes: a Shardy rule and the partition callback.
 
 
+def _leading(kind: str, pairs: int) -> int:
+  """The operands of a `kind` call before any extra ones: x, or dequantize's pairs."""
+  return 2 * pairs if kind == "dequantize" else 1
+
+
 def _rule_factory(blocked_axes, block_size, storage_per_block, kind):
   """A Shardy rule, built per call from the operand shapes."""
 
@@ -295,9 +300,8 @@ def _rule_factory(blocked_axes, block_size, storage_per_block, kind):
       for dim in (data_dim, scale_dim):
         quantized.append(" ".join(dim if i == a else dims[i] for i in range(rank)))
     x = " ".join(dims)
-    first = 2 * len(pairs) if kind == "dequantize" else 1
     extras = []
-    for i, t in enumerate(operand_types[first:]):
+    for i, t in enumerate(operand_types[_leading(kind, len(pairs)):]):
       if tuple(t.shape) == tuple(full):
         extras.append(x)
       else:  # rank 1 (see blockwise_partitioned): replicated

@@ -20,7 +20,8 @@ from mxjax.block_format import BlockFormat, ScaleFormat
 from sharding_helpers import compiled_collectives
 from test_block_formats import _awkward
 
-pytestmark = pytest.mark.usefixtures("simd_level")
+at_every_level = pytest.mark.usefixtures("simd_level")  # the exactness tests; the others
+                                                        # run at the level in use
 
 KERNELS = "cpu" in backend.ffi_platforms()
 
@@ -74,6 +75,7 @@ def _awkward_3d(dtype):
   return x.astype(dtype)
 
 
+@at_every_level
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_kernels_equal_the_oracle(name):
   """Every format, rows and columns (1-D) or tiles (2-D), nearest even and stochastic,
@@ -88,6 +90,7 @@ def test_kernels_equal_the_oracle(name):
     _assert_same(_awkward_3d(jnp.float32), bf, 0, True, "float32")
 
 
+@at_every_level
 @pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "mxfp8_2d", "e4m3_fp32_1x16"])
 def test_every_bf16_and_f16_pattern(name):
   """All 65,536 bf16 and f16 patterns, in blocks of neighbours and in blocks spanning
@@ -101,6 +104,7 @@ def test_every_bf16_and_f16_pattern(name):
   _assert_same(x, bf, -1, True, "bf16 strided")
 
 
+@at_every_level
 @pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "e2m3_e4m3_1x16"])
 def test_special_blocks(name):
   """The corners of the scale rules: amax at and around every power of two and every
@@ -116,6 +120,7 @@ def test_special_blocks(name):
 _quantize_2x_jit = jax.jit(block_ops.quantize_2x, static_argnums=(1,))
 
 
+@at_every_level
 @pytest.mark.parametrize("name", ["nvfp4", "fp8_1x128", "mxfp4", "e4m3_fp32_1x16"])
 def test_quantize_2x_equals_the_oracle_both_ways(name):
   """Rowwise and columnwise quantizations of one input in one pass: each equals the
@@ -275,11 +280,9 @@ print(mxjax.backend_info()["ops"]["block_scaled"].split(" for ")[0], digest.hexd
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
-def test_training_steps_are_the_same_bits_with_and_without_the_kernels(simd_level, tmp_path):
+def test_training_steps_are_the_same_bits_with_and_without_the_kernels(tmp_path):
   """Three steps of NVFP4 (SR, RHT, 2-D weights, tensor scales) and FP8-block training:
   losses and gradients from the kernels and from the plain-XLA path, byte for byte."""
-  if simd_level not in (None, "scalar"):
-    pytest.skip("the child processes pick their own level; one run is enough")
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415
   from conftest import child_env  # noqa: PLC0415
