@@ -76,14 +76,38 @@ ffi::Error read_tensor_scale(const ffi::AnyBuffer& ts, BlockProblem& p) {
   return ffi::Error::Success();
 }
 
-ffi::Error check_extras(const ffi::AnyBuffer& rand, const ffi::AnyBuffer& ts, int64_t n,
-                        bool stochastic_rounding, BlockProblem& p) {
-  if (rand.element_type() != ffi::DataType::U32 ||
-      (stochastic_rounding && int64_t(rand.element_count()) != n)) {
+// Fills p's input, view, stochastic-rounding bits (rand: none for quantize_2x) and tensor
+// scale for `op` of x; an error for bad ones.
+ffi::Error input_view(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* rand,
+                      const ffi::AnyBuffer& ts, int32_t format, int32_t scale, int32_t mode,
+                      int64_t block_rows, int64_t block_cols, int64_t axis,
+                      bool stochastic_rounding, BlockProblem& p) {
+  auto dtype = high_precision(x.element_type());
+  if (!dtype) return invalid(std::string(op) + " needs a bf16, f16 or f32 input");
+  p.x = x.untyped_data(), p.dtype = *dtype;
+  if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+      !e.success()) {
+    return e;
+  }
+  if (rand && (rand->element_type() != ffi::DataType::U32 ||
+               (stochastic_rounding && rand->element_count() != x.element_count()))) {
     return invalid("rand must be uint32 of x's shape under stochastic rounding");
   }
-  p.rand = stochastic_rounding ? static_cast<const uint32_t*>(rand.untyped_data()) : nullptr;
+  p.rand = rand && stochastic_rounding ? static_cast<const uint32_t*>(rand->untyped_data())
+                                       : nullptr;
   return read_tensor_scale(ts, p);
+}
+
+// Points `codes` (uint8 of x's n elements) and `scales` at the outputs, or an error.
+ffi::Error output_view(ffi::Result<ffi::AnyBuffer>& codes, ffi::Result<ffi::AnyBuffer>& scales,
+                       size_t n, BlockProblem& p) {
+  if (codes->element_type() != ffi::DataType::U8 || codes->element_count() != n) {
+    return invalid("codes must be uint8 of x's shape");
+  }
+  if (auto e = check_scales(*scales, p); !e.success()) return e;
+  p.codes = static_cast<uint8_t*>(codes->untyped_data());
+  p.scales = scales->untyped_data();
+  return ffi::Error::Success();
 }
 
 template <class Run>
@@ -99,23 +123,14 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
                           int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
                           bool stochastic_rounding) {
   BlockProblem p{};
-  auto dtype = high_precision(x.element_type());
-  if (!dtype) return ready_future(invalid("block quantize needs a bf16, f16 or f32 input"));
-  p.x = x.untyped_data(), p.dtype = *dtype;
-  if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+  if (auto e = input_view("block quantize", x, &rand, ts, format, scale, mode, block_rows,
+                          block_cols, axis, stochastic_rounding, p);
       !e.success()) {
     return ready_future(e);
   }
-  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p);
-      !e.success()) {
+  if (auto e = output_view(codes, scales, x.element_count(), p); !e.success()) {
     return ready_future(e);
   }
-  if (codes->element_type() != ffi::DataType::U8 || codes->element_count() != x.element_count()) {
-    return ready_future(invalid("codes must be uint8 of x's shape"));
-  }
-  if (auto e = check_scales(*scales, p); !e.success()) return ready_future(e);
-  p.codes = static_cast<uint8_t*>(codes->untyped_data());
-  p.scales = scales->untyped_data();
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); });
 }
@@ -134,32 +149,22 @@ ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
   }
   BlockPair pair{};
   BlockProblem& row = pair.row;
-  auto dtype = high_precision(x.element_type());
-  if (!dtype) return ready_future(invalid("block quantize_2x needs a bf16, f16 or f32 input"));
-  if (auto e = block_view(dims, format, scale, mode, 1, block_cols, rank - 1, row); !e.success()) {
+  if (auto e = input_view("block quantize_2x", x, nullptr, ts, format, scale, mode, 1,
+                          block_cols, rank - 1, false, row);
+      !e.success()) {
     return ready_future(e);
   }
   row.batch = 1;  // [batch, m, k] in 1 x b tiles
   for (int64_t i = 0; i < rank - 2; ++i) row.batch *= dims[i];
   row.rows = dims[rank - 2];
-  row.x = x.untyped_data(), row.dtype = *dtype;
-  if (auto e = read_tensor_scale(ts, row); !e.success()) return ready_future(e);
   BlockProblem& col = pair.col;
   col = row;
   col.tile_rows = block_cols, col.tile_cols = 1;
-  struct Out {
-    ffi::Result<ffi::AnyBuffer>& codes;
-    ffi::Result<ffi::AnyBuffer>& scales;
-    BlockProblem& p;
-  };
-  for (Out o : {Out{row_codes, row_scales, row}, Out{col_codes, col_scales, col}}) {
-    if (o.codes->element_type() != ffi::DataType::U8 ||
-        o.codes->element_count() != x.element_count()) {
-      return ready_future(invalid("codes must be uint8 of x's shape"));
-    }
-    if (auto e = check_scales(*o.scales, o.p); !e.success()) return ready_future(e);
-    o.p.codes = static_cast<uint8_t*>(o.codes->untyped_data());
-    o.p.scales = o.scales->untyped_data();
+  if (auto e = output_view(row_codes, row_scales, x.element_count(), row); !e.success()) {
+    return ready_future(e);
+  }
+  if (auto e = output_view(col_codes, col_scales, x.element_count(), col); !e.success()) {
+    return ready_future(e);
   }
   const BlockKernels& k = *kernels().block;
   const int64_t u = units(col);
@@ -173,14 +178,8 @@ ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBu
                               int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
                               int64_t axis, bool stochastic_rounding) {
   BlockProblem p{};
-  auto dtype = high_precision(x.element_type());
-  if (!dtype) return ready_future(invalid("block fake_quantize needs a bf16, f16 or f32 input"));
-  p.x = x.untyped_data(), p.dtype = *dtype;
-  if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
-      !e.success()) {
-    return ready_future(e);
-  }
-  if (auto e = check_extras(rand, ts, x.element_count(), stochastic_rounding, p);
+  if (auto e = input_view("block fake_quantize", x, &rand, ts, format, scale, mode, block_rows,
+                          block_cols, axis, stochastic_rounding, p);
       !e.success()) {
     return ready_future(e);
   }
