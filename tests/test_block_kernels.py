@@ -48,9 +48,7 @@ def _oracle(x, bf, axis, rand):
 
 def _kernels(x, bf, axis, rand):
   codes, scales, ts = block_ops.quantize(x, bf, axis, rand)
-  want_ts = reference.block_quantize(x, bf, axis=axis)[2]  # the same tensor scale
-  return (codes, scales, block_ops.dequantize(codes, scales, want_ts if ts is None else ts,
-                                              bf, axis),
+  return (codes, scales, block_ops.dequantize(codes, scales, ts, bf, axis),
           block_ops.fake_quantize(x, bf, axis, rand)[0])
 
 
