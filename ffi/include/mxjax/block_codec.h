@@ -113,6 +113,23 @@ MXJAX_HD uint32_t block_encode_f32(uint32_t x, float m, uint32_t rand) {
   return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
 }
 
+// block_encode_f32 for any product: |x| * m is clamped to 2^(emax + 2) first (past max,
+// so the code saturates either way), so the f32 add of encode_magnitude cannot overflow
+// where a large multiplier (a given tensor scale) makes the product huge or Inf.
+template <class F, bool kStochastic>
+MXJAX_HD uint32_t block_encode_f32_sat(uint32_t x, float m, uint32_t rand) {
+  constexpr uint32_t kSat = uint32_t(F::emax + 2 + 127) << 23;
+  uint32_t v = umin(as_bits(as_float(x & kF32Abs) * m), kSat);
+  uint32_t mag;
+  if (kStochastic) {
+    Sig s{v < 0x00800000u ? 0u : (v & 0x7FFFFFu) | 0x800000u, int32_t(v >> 23) - 150};
+    mag = round_to_grid_sr(s, F::emin, F::man_bits, rand);
+  } else {
+    mag = encode_magnitude<F>(v);
+  }
+  return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
+}
+
 // f32 bits of an element code's value, the grid continued past max (no NaN / Inf codes).
 template <class F>
 MXJAX_HD uint32_t grid_value_bits(uint32_t code) {
@@ -187,6 +204,29 @@ MXJAX_HD BlockScale block_scale(uint32_t amax, int32_t mode, Sig s_enc) {
     s.stored = s.special ? kF32QNaN : inv;
   }
   return s;
+}
+
+// block_scale<F, kScaleE4M3>'s common case in f32 arithmetic, branch-free (for vector
+// loops over blocks): the scale byte `code` (before a NaN / Inf block's 0x7F), m and d as
+// f32 values (0 for code 0) of a block with finite amax bits `amax` under the tensor scale
+// s (the f32 value of s_enc, nonzero). Returns whether they equal block_scale's, bit for
+// bit: q = amax / elem_max and t = q * s are single f32 operations, rounded as div24 and
+// mul24 round wherever the result is normal; q is checked (normal, or amax 0); a t below
+// 2^-126 is below E4M3's half quantum 2^-10 both ways (code 0), and a t past FLT_MAX
+// saturates both ways (t is clamped to 512 before encode_magnitude, past 448); m = s / d
+// is checked (normal, or code 0: m = 0, as block_scale's). d, an E4M3 value, is exact.
+template <class F>
+MXJAX_HD bool e4m3_block_scale_f32(uint32_t amax, float s, uint32_t& code, float& m, float& d) {
+  constexpr float kElemMax = float(F::max_sig) / float(1u << (23 - F::emax));  // exact
+  const uint32_t q = as_bits(as_float(amax) / kElemMax);
+  const uint32_t t = as_bits(as_float(q) * s);
+  code = encode_magnitude<E4M3>(umin(t, 0x44000000u));  // 0x44000000: 512
+  d = as_float(grid_value_bits<E4M3>(code));
+  const uint32_t mb = as_bits(s / d);
+  m = code == 0 ? 0.0f : as_float(mb);
+  // bitwise, not short-circuit: a branch would keep GCC from vectorizing the caller's loop
+  return (uint32_t(amax == 0) | uint32_t(q >= 0x00800000u)) &
+         (uint32_t(code == 0) | (uint32_t(mb >= 0x00800000u) & uint32_t(mb < kF32Inf)));
 }
 
 // The code of one element (f32 bits x) under a block's multiplier m: nearest even, or
