@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "cpu/amax_ffi.h"
 #include "cpu/handlers.h"
 #include "cpu/kernels.h"
 #ifdef MXJAX_WITH_CUDA
@@ -32,6 +33,7 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_block_quantize_2x"] = capsule(MxjaxBlockQuantize2xCpu);
     d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCpu);
     d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCpu);
+    d["mxjax_tensor_amax"] = capsule(MxjaxTensorAmaxCpu);
     return d;
   }, "{target name: capsule} of the CPU (platform \"cpu\") handlers.");
 

@@ -7,6 +7,12 @@ nonzero magnitude is carried as `(u, e)`, an f32 `u` in [1, 2) and an int32 expo
 the f32 products and quotients of the rules are exact-rounded whatever the platform's FTZ.
 Element codes come from `mxjax.xla_codec`'s encoder (round to nearest even) or its
 stochastic twin here.
+
+Codes are stored packed as MX data is (`mxjax.xla_codec`'s packing): along the quantized
+axis (1-D blocks: `axis`; 2-D tiles: the last axis), FP4 two per byte (low nibble first),
+FP6 four in three bytes, FP8 one per byte, `ElementFormat.storage_length(n)` bytes along
+that axis (padding codes 0), dtype uint8. The oracle's codes are unpacked
+(`mxjax.reference.pack_codes` packs them the same way).
 """
 
 from __future__ import annotations
@@ -108,6 +114,42 @@ def _unblocks(a, bf: BlockFormat, shape, axis: int):
   return a[..., :shape[-2], :shape[-1]]
 
 
+def packed_axis(bf: BlockFormat, axis: int, ndim: int) -> int:
+  """The axis (non-negative) codes are packed along: `axis` for 1-D blocks, the last for
+  2-D tiles."""
+  return ndim - 1 if bf.two_d else axis % ndim
+
+
+def pack(codes, bf: BlockFormat, axis: int) -> jax.Array:
+  """Codes (one per element, x's shape) -> their packed storage, uint8 (see above)."""
+  fmt = bf.element_format
+  if not fmt.packed:
+    return codes.astype(jnp.uint8)
+  a = packed_axis(bf, axis, codes.ndim)
+  n = codes.shape[a]
+  padded = xla_codec._pad_axis(codes.astype(_U32), a, -(-n // fmt.codes_per_group) *
+                               fmt.codes_per_group)
+  return xla_codec._pack(padded, fmt, a)
+
+
+def unpack(data, bf: BlockFormat, axis: int, length: int) -> jax.Array:
+  """Packed codes (uint8; an 8-bit format's float8 too) -> uint32 codes with `length`
+  along the packed axis."""
+  fmt = bf.element_format
+  codes = xla_codec._unpack(data, fmt, packed_axis(bf, axis, data.ndim))
+  return lax.slice_in_dim(codes, 0, length, axis=packed_axis(bf, axis, data.ndim))
+
+
+def logical_length(data_shape, scale_shape, bf: BlockFormat, axis: int) -> int:
+  """The longest length along the packed axis that packed codes of `data_shape` and scales
+  of `scale_shape` can hold: a dequantize's default (FP4 / FP6 codes of a length that is
+  no multiple of their group need it given)."""
+  fmt = bf.element_format
+  a = packed_axis(bf, axis, len(data_shape))
+  held = data_shape[a] // fmt.bytes_per_group * fmt.codes_per_group
+  return min(held, scale_shape[a] * bf.block[1])
+
+
 def _squeeze(s, bf, axis):
   return jnp.squeeze(s, _block_axes(bf, axis))
 
@@ -120,11 +162,18 @@ def _expand(s, bf, axis):
 # Quantize / dequantize
 
 
-def tensor_scale(x, bf: BlockFormat) -> jax.Array:
-  """f32 bits (uint32 scalar) of the tensor scale `elem_max * 448 / amax` (finite
-  elements; 1 where amax is 0; at most FLT_MAX)."""
+def tensor_amax(x) -> jax.Array:
+  """The largest f32 bits of |x| over x's finite elements (uint32 scalar; 0 for an empty
+  or all-zero x): the tensor scale's amax."""
   mag = xla_codec.f32_bits(x) & _ABS
-  amax = jnp.max(jnp.where(mag < _INF, mag, _U32(0)), initial=_U32(0))
+  return jnp.max(jnp.where(mag < _INF, mag, _U32(0)), initial=_U32(0))
+
+
+def tensor_scale(x, bf: BlockFormat, amax=None) -> jax.Array:
+  """f32 bits (uint32 scalar) of the tensor scale `elem_max * 448 / amax` (finite
+  elements; 1 where amax is 0; at most FLT_MAX); `amax`: `tensor_amax(x)` where given."""
+  if amax is None:
+    amax = tensor_amax(x)
   s = _div(_const(bf.element_format.max * 448.0), _split(amax))
   return jnp.where(amax == 0, _U32(_ONE), jnp.minimum(_bits(s, False), _U32(_F32_MAX)))
 
@@ -196,7 +245,7 @@ def quantize(x, bf: BlockFormat, axis: int = -1, rand=None, tensor_scale_bits=No
   codes = jnp.where((mag == 0) | m_zero | special,
                     jnp.where(special, _U32(0), codes & _u32(1 << (fmt.bits - 1))), codes)
   codes = jnp.where(special, _U32(0), codes)
-  codes = _unblocks(codes, bf, x.shape, axis).astype(jnp.uint8)
+  codes = pack(_unblocks(codes, bf, x.shape, axis), bf, axis)
   scales = _squeeze(jnp.where(special, _U32(nan_code), stored), bf, axis)
   return codes, (scales if kind.startswith("fp32") else scales.astype(jnp.uint8)), ts
 
@@ -212,11 +261,15 @@ def _decode_scale(s, bf):
 
 
 def dequantize(codes, scales, tensor_scale_bits, bf: BlockFormat, axis: int = -1,
-               apply_tensor_scale: bool = True) -> jax.Array:
-  """As `mxjax.reference.block_dequantize`: f32 of codes' shape."""
+               apply_tensor_scale: bool = True, length: int | None = None) -> jax.Array:
+  """As `mxjax.reference.block_dequantize` of the unpacked codes: f32 of x's shape, whose
+  length along the packed axis is `length` (default: `logical_length`)."""
   fmt = bf.element_format
   axis = axis % codes.ndim
-  c = _blocks(codes.astype(_U32), bf, axis)
+  if length is None:
+    length = logical_length(codes.shape, scales.shape, bf, axis)
+  codes = unpack(codes, bf, axis, length)
+  c = _blocks(codes, bf, axis)
   d, d_zero, nan = _decode_scale(_expand(scales.astype(_U32), bf, axis), bf)
   q_bits = xla_codec._decode(c & _u32((1 << (fmt.bits - 1)) - 1), jnp.int32(0), fmt)
   q = _split(q_bits)
@@ -233,7 +286,8 @@ def fake_quantize(x, bf: BlockFormat, axis: int = -1, rand=None):
   """(dequantize(quantize(x)) without the tensor scale, f32; the tensor's decode factor
   `1 / S` as f32, or None): what a GEMM multiplies, and what scales its output."""
   codes, scales, ts = quantize(x, bf, axis, rand)
-  y = dequantize(codes, scales, ts, bf, axis, apply_tensor_scale=False)
+  y = dequantize(codes, scales, ts, bf, axis, apply_tensor_scale=False,
+                 length=x.shape[packed_axis(bf, axis, x.ndim)])
   inv = None if ts is None else 1.0 / lax.bitcast_convert_type(ts, jnp.float32)
   return y, inv
 

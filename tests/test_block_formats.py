@@ -95,19 +95,38 @@ def _all(quantize, dequantize, x, rand):
   return out
 
 
+def packed(codes, bf, axis):
+  """The oracle's codes (one per element) packed as block codes are stored: along `axis`
+  (2-D tiles: the last axis), by `reference.pack_codes`; uint8."""
+  a = codes.ndim - 1 if bf.two_d else axis % codes.ndim
+  return np.asarray(reference.pack_codes(jnp.asarray(codes), bf.element, axis=a)).view(np.uint8)
+
+
 def test_xla_path_equals_oracle():
   """Zero / subnormal / Inf / NaN blocks, ragged edges (37 x 45), 2-D tiles, tensor scale
-  and stochastic rounding given its bits, f32 and bf16 inputs: bit for bit."""
+  and stochastic rounding given its bits, f32 and bf16 inputs: bit for bit (the codes
+  packed as the oracle's are by `reference.pack_codes`)."""
   x = jnp.concatenate([_awkward((37, 45), jnp.float32),
                        _awkward((37, 45), jnp.bfloat16, 1).astype(jnp.float32)])
   rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), x.shape)
   oracle = jax.jit(lambda x, r: _all(
       lambda x, bf, a, r: reference.block_quantize(x, bf, axis=a, rand=r),
       lambda c, s, t, bf, a: reference.block_dequantize(c, s, t, bf, axis=a), x, r))(x, rand)
-  xla = jax.jit(lambda x, r: _all(block_codec.quantize, block_codec.dequantize, x, r))(x, rand)
-  for want, got in zip(jax.tree.leaves(oracle), jax.tree.leaves(xla)):
-    np.testing.assert_array_equal(_bits(got) if got.dtype == jnp.float32 else got,
-                                  _bits(want) if want.dtype == jnp.float32 else want)
+  xla = jax.jit(lambda x, r: _all(
+      block_codec.quantize,
+      lambda c, s, t, bf, a: block_codec.dequantize(
+          c, s, t, bf, a, length=x.shape[block_codec.packed_axis(bf, a, x.ndim)]), x, r))(x, rand)
+  for (bf, axis, _), want, got in zip([c for c in CASES for _ in (0, 1)], oracle, xla):
+    if isinstance(want, tuple):  # quantize: (codes, scales, tensor scale)
+      want = (packed(want[0], bf, axis), *want[1:])
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_array_equal(_bits(g) if g.dtype == jnp.float32 else g,
+                                    _bits(w) if w.dtype == jnp.float32 else w)
+  for bf, axis, _ in CASES:  # the packed layout: bytes along the axis, dtype uint8
+    codes = block_codec.quantize(x, bf, axis)[0]
+    a = block_codec.packed_axis(bf, axis, x.ndim)
+    assert codes.dtype == jnp.uint8 and codes.shape[a] == (
+        bf.element_format.storage_length(x.shape[a])), (bf, codes.shape)
   # The special blocks: NaN scale and NaN values; zero blocks stay zero.
   codes, scales, ts = oracle[0]
   deq = np.asarray(oracle[1])

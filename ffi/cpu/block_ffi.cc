@@ -8,6 +8,13 @@
 // shape (1,) (nearest even; attribute stochastic_rounding); `tensor_scale`, uint32[1] of
 // f32 bits (0: none). quantize_2x takes (1, b) blocks with b dividing 512, along the last
 // axis (rows) and the one before (columns), with no stochastic rounding.
+//
+// Codes are packed along the quantized axis (1-D blocks: `axis`; 2-D tiles: the last
+// axis) as MX data is: FP4 two per byte, low nibble first; FP6 four in three bytes; FP8
+// one per byte; that axis holds ceil(n / group) * group_bytes bytes (padding codes 0).
+// Their dtype is uint8 (8-bit formats: or their float8 type). Quantize along a strided
+// axis (a dim after it longer than 1) needs blocks of whole groups where there are
+// several blocks along it: units write whole bytes.
 #include <cstdint>
 #include <string>
 
@@ -41,6 +48,7 @@ ffi::Error block_view(ffi::AnyBuffer::Dimensions dims, int32_t format, int32_t s
     for (int64_t i = 0; i < rank - 2; ++i) p.batch *= dims[i];
     p.rows = dims[rank - 2], p.cols = dims[rank - 1];
     p.tile_rows = p.tile_cols = block_cols;
+    p.pack_rows = false;
     return ffi::Error::Success();
   }
   if (axis < 0 || axis >= rank) return invalid("axis " + std::to_string(axis) + " out of range");
@@ -52,7 +60,26 @@ ffi::Error block_view(ffi::AnyBuffer::Dimensions dims, int32_t format, int32_t s
   } else {
     p.rows = n, p.cols = inner, p.tile_rows = block_cols, p.tile_cols = 1;
   }
+  p.pack_rows = inner != 1;
   return ffi::Error::Success();
+}
+
+// The axis codes are packed along, for x of rank `rank`.
+int64_t packed_axis(const BlockProblem& p, int64_t rank, int64_t axis) {
+  return p.tile_rows > 1 && p.tile_cols > 1 ? rank - 1 : axis;
+}
+
+// `codes` has x's dims (`dims`) with dims[axis] its packed length, and dtype uint8 (or the
+// float8 storage type of an 8-bit format).
+ffi::Error check_codes(const char* name, const ffi::AnyBuffer& codes,
+                       ffi::AnyBuffer::Dimensions dims, int64_t axis, int32_t format) {
+  const FormatInfo info = *format_info(format);
+  const auto type = codes.element_type();
+  if (type != ffi::DataType::U8 && type != info.storage) {
+    return invalid(std::string(name) + " must be uint8" +
+                   (info.group_codes == 1 ? " (or the format's float8 type)" : ""));
+  }
+  return check_buffer(name, codes, type, dims, axis, info.storage_length(dims[axis]));
 }
 
 int64_t scale_count(const BlockProblem& p) {
@@ -98,11 +125,15 @@ ffi::Error input_view(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuf
   return read_tensor_scale(ts, p);
 }
 
-// Points `codes` (uint8 of x's n elements) and `scales` at the outputs, or an error.
+// Points `codes` (packed along `axis` of x's dims) and `scales` at the outputs, or an error
+// (also where units would share bytes of codes packed along the rows).
 ffi::Error output_view(ffi::Result<ffi::AnyBuffer>& codes, ffi::Result<ffi::AnyBuffer>& scales,
-                       size_t n, BlockProblem& p) {
-  if (codes->element_type() != ffi::DataType::U8 || codes->element_count() != n) {
-    return invalid("codes must be uint8 of x's shape");
+                       ffi::AnyBuffer::Dimensions dims, int64_t axis, BlockProblem& p) {
+  if (auto e = check_codes("codes", *codes, dims, axis, p.format); !e.success()) return e;
+  const int group = format_info(p.format)->group_codes;
+  if (p.pack_rows && p.tile_rows % group != 0 && p.rows > p.tile_rows) {
+    return invalid("quantize along a strided axis packs " + std::to_string(group) +
+                   " codes per group: blocks along it must hold whole groups");
   }
   if (auto e = check_scales(*scales, p); !e.success()) return e;
   p.codes = static_cast<uint8_t*>(codes->untyped_data());
@@ -110,11 +141,17 @@ ffi::Error output_view(ffi::Result<ffi::AnyBuffer>& codes, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 
+// Runs p's units in chunks, the chunks handed out last units first where `reversed`: a
+// quantize follows the tensor amax's pass over x in order, whose end is the part of x
+// still in the last-level cache.
 template <class Run>
-ffi::Future run_units(ffi::ThreadPool& pool, const BlockProblem& p, Run run) {
+ffi::Future run_units(ffi::ThreadPool& pool, const BlockProblem& p, Run run,
+                      bool reversed = false) {
   const int64_t u = units(p);
   if (u == 0) return ready_future();
-  return parallel_for(pool, u, p.batch * p.rows * p.cols / u, run);
+  if (!reversed) return parallel_for(pool, u, p.batch * p.rows * p.cols / u, run);
+  return parallel_for(pool, u, p.batch * p.rows * p.cols / u,
+                      [u, run](int64_t b, int64_t e) { run(u - e, u - b); });
 }
 
 ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
@@ -128,11 +165,14 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
       !e.success()) {
     return ready_future(e);
   }
-  if (auto e = output_view(codes, scales, x.element_count(), p); !e.success()) {
+  if (auto e = output_view(codes, scales, x.dimensions(),
+                           packed_axis(p, x.dimensions().size(), axis), p);
+      !e.success()) {
     return ready_future(e);
   }
   const BlockKernels& k = *kernels().block;
-  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); });
+  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); },
+                   p.tensor_scale != 0);
 }
 
 ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer ts,
@@ -159,18 +199,21 @@ ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
   row.rows = dims[rank - 2];
   BlockProblem& col = pair.col;
   col = row;
-  col.tile_rows = block_cols, col.tile_cols = 1;
-  if (auto e = output_view(row_codes, row_scales, x.element_count(), row); !e.success()) {
+  col.tile_rows = block_cols, col.tile_cols = 1, col.pack_rows = true;
+  if (auto e = output_view(row_codes, row_scales, dims, rank - 1, row); !e.success()) {
     return ready_future(e);
   }
-  if (auto e = output_view(col_codes, col_scales, x.element_count(), col); !e.success()) {
+  if (auto e = output_view(col_codes, col_scales, dims, rank - 2, col); !e.success()) {
     return ready_future(e);
   }
   const BlockKernels& k = *kernels().block;
   const int64_t u = units(col);
   if (u == 0) return ready_future();
+  const bool reversed = row.tensor_scale != 0;  // as in run_units
   return parallel_for(pool, u, 2 * col.batch * col.rows * col.cols / u,
-                      [&k, pair](int64_t b, int64_t e) { k.quantize_2x(pair, b, e); });
+                      [&k, pair, u, reversed](int64_t b, int64_t e) {
+                        reversed ? k.quantize_2x(pair, u - e, u - b) : k.quantize_2x(pair, b, e);
+                      });
 }
 
 ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
@@ -188,7 +231,8 @@ ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBu
   }
   p.out = static_cast<float*>(out->untyped_data());
   const BlockKernels& k = *kernels().block;
-  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.fake_quantize(p, b, e); });
+  return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.fake_quantize(p, b, e); },
+                   p.tensor_scale != 0);
 }
 
 ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
@@ -196,18 +240,20 @@ ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::Any
                             int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
                             int64_t axis, bool apply_tensor_scale) {
   BlockProblem p{};
-  if (codes.element_type() != ffi::DataType::U8) {
-    return ready_future(invalid("codes must be uint8"));
+  if (out->element_type() != ffi::DataType::F32) {
+    return ready_future(invalid("out must be float32"));
   }
-  if (auto e = block_view(codes.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
+  auto dims = out->dimensions();  // x's
+  if (auto e = block_view(dims, format, scale, mode, block_rows, block_cols, axis, p);
+      !e.success()) {
+    return ready_future(e);
+  }
+  if (auto e = check_codes("codes", codes, dims, packed_axis(p, dims.size(), axis), format);
       !e.success()) {
     return ready_future(e);
   }
   if (auto e = check_scales(scales, p); !e.success()) return ready_future(e);
   if (auto e = read_tensor_scale(ts, p); !e.success()) return ready_future(e);
-  if (out->element_type() != ffi::DataType::F32 || out->element_count() != codes.element_count()) {
-    return ready_future(invalid("out must be float32 of the codes' shape"));
-  }
   p.in_codes = static_cast<const uint8_t*>(codes.untyped_data());
   p.in_scales = scales.untyped_data();
   p.apply_tensor_scale = apply_tensor_scale;

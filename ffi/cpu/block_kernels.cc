@@ -3,13 +3,21 @@
 // below are written for the compiler to vectorize at that level's width (one codec,
 // ffi/include/mxjax/block_codec.h, no per-ISA code).
 //
-// A work unit is a run of whole tiles of one tile row: its block amaxes are reduced, each
-// tile's scale is made once (scalar), then every element is encoded (and, for
-// fake_quantize, decoded) with its tile's multiplier: one f32 multiply where the block's
-// scales allow it (block_codec.h's fast path), the exact Sig arithmetic otherwise.
+// A work unit is a run of whole tiles of one tile row: its block amaxes are reduced (in the
+// input's own width), its tiles' scales made (E4M3: one vector loop in f32 where
+// block_codec.h's e4m3_block_scale_f32 proves it exact, else block by block through Sig),
+// then every element is encoded with its tile's multiplier (one f32 multiply where the
+// block's scales allow it, the exact Sig arithmetic otherwise) and its code written into its
+// packing group (kernels.h's layout) in the same loop; fake_quantize decodes in registers
+// instead. Dequantize reads the packed codes group by group the same way.
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+#include <utility>
 
+#include "amax.h"
+#include "amax_tiles.h"
 #include "kernels.h"
 #include "mxjax/block_codec.h"
 #include "mxjax/quantize.h"
@@ -20,8 +28,9 @@ namespace {
 
 using cpu::BlockProblem;
 using cpu::ceil_div;
+using std::size_t;
 
-// At most this many tiles per unit (b x 1 tiles, kUnitCols columns).
+// At most this many tiles per unit (cpu::unit_cols).
 constexpr int64_t kMaxUnitTiles = cpu::kUnitCols;
 
 struct Span {
@@ -37,198 +46,652 @@ Span span_of(const BlockProblem& p, int64_t u) {
           min64(p.cols, (cc + 1) * w), bi / nr};
 }
 
-// Index of the first scale of a span's tile row.
-int64_t scale_index(const BlockProblem& p, const Span& s) {
-  const int64_t nc = ceil_div(p.cols, p.tile_cols);
-  return (s.b * ceil_div(p.rows, p.tile_rows) + s.tile_row) * nc + s.c0 / p.tile_cols;
+// Byte offset of the packed codes of element (b, r, c): row r of the codes where they are
+// packed along the columns, c's column of byte row `r / group * group_bytes + i` where
+// they are packed along the rows (i = 0 there).
+template <class F>
+int64_t packed_offset(const BlockProblem& p, int64_t b, int64_t r, int64_t c) {
+  constexpr int kG = F::group_codes, kB = F::group_bytes;
+  if (p.pack_rows) return (b * ceil_div(p.rows, kG) * kB + r / kG * kB) * p.cols + c;
+  return (b * p.rows + r) * (ceil_div(p.cols, kG) * kB) + c / kG * kB;
 }
 
-Sig tensor_scale_sig(uint32_t bits) { return bits ? sig_of_bits(bits) : Sig{0x800000u, -23}; }
-
-// Codes (or, kFake, their decoded f32 values) of the n elements of x from c on, under
-// their tiles' scales: element c's (kPerElement: b x 1 tiles) or one (index 0) for all.
-// kFast: the f32 path (block_codec.h), else the Sig path. Restrict-qualified parameters
-// let the compiler vectorize without alias checks.
-template <class F, class In, bool kSR, bool kFake, bool kFast, bool kPerElement>
-__attribute__((noinline)) void code_run(
-    int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
-    uint8_t* __restrict codes, float* __restrict out, const float* __restrict mf,
-    const uint32_t* __restrict msig, const int32_t* __restrict mexp, const float* __restrict df,
-    const uint32_t* __restrict dsig, const int32_t* __restrict dexp,
-    const uint32_t* __restrict special) {
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t j = kPerElement ? c : 0;
-    const uint32_t bits = In::widen(x[c]);
-    uint32_t r = 0;
-    if constexpr (kSR) r = rand[c];
-    uint32_t code;
-    if constexpr (kFast) {
-      code = block_encode_f32<F, kSR>(bits, mf[j], r);
-    } else {
-      code = block_encode<F, kSR>(bits, Sig{msig[j], mexp[j]}, r);
-    }
-    const uint32_t keep = special[j] - 1u;  // 0 in a NaN / Inf block (a mask, not a select:
-    code &= keep;                           // the loop then vectorizes at every level)
-    if constexpr (kFake) {
-      uint32_t v;
-      if constexpr (kFast) {
-        v = as_bits(as_float(grid_value_bits<F>(code)) * df[j]);
-      } else {
-        v = block_decode<F>(code, Sig{dsig[j], dexp[j]}, Sig{0, 0});
-      }
-      out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
-    } else {
-      codes[c] = uint8_t(code);
-    }
-  }
-}
-
-// Quantize (kFake: dequantize in registers, f32 out, no tensor scale applied) the units
-// [begin, end) of p, elements F from In, stochastic rounding when kSR; tiles kTC columns
-// wide (16, 32: narrow tiles, whose scales are spread over the columns; 0: p.tile_cols).
-template <class F, class In, bool kSR, bool kFake, int kTC>
-void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
-  using T = typename In::T;
-  const T* x = static_cast<const T*>(p.x);
-  const Sig s_enc = tensor_scale_sig(p.tensor_scale);
-  const int64_t tc = kTC ? kTC : p.tile_cols;
+// A batch of units' tiles: amax, multiplier m and decode scale d (as Sigs and f32 values),
+// whether the block holds NaN / Inf (1), the stored scale, and whether its elements take
+// the f32 path.
+struct Tiles {
   uint32_t amax[kMaxUnitTiles], msig[kMaxUnitTiles], dsig[kMaxUnitTiles];
   int32_t mexp[kMaxUnitTiles], dexp[kMaxUnitTiles];  // Sigs as two arrays (no 8-byte stores
                                                      // of two 4-byte halves)
   float mf[kMaxUnitTiles], df[kMaxUnitTiles];
-  uint32_t special[kMaxUnitTiles];
+  uint32_t special[kMaxUnitTiles], stored[kMaxUnitTiles];
   bool fast[kMaxUnitTiles];
-  float mfe[cpu::kUnitCols], dfe[cpu::kUnitCols];  // per column, where tiles are spread
-  uint32_t spe[cpu::kUnitCols];
-  for (int64_t u = begin; u < end; ++u) {
-    const Span s = span_of(p, u);
-    const int64_t width = s.c1 - s.c0, tiles = ceil_div(width, tc);
-    for (int64_t j = 0; j < tiles; ++j) amax[j] = 0;
-    for (int64_t r = s.r0; r < s.r1; ++r) {
-      const T* __restrict row = x + (s.b * p.rows + r) * p.cols + s.c0;
-      if (tc == 1) {
-        for (int64_t c = 0; c < width; ++c) {
-          amax[c] = umax(amax[c], In::widen(row[c]) & kF32Abs);
-        }
-        continue;
-      }
-      for (int64_t j = 0; j < tiles; ++j) {
-        const T* __restrict tile = row + j * tc;
-        const int64_t n = j * tc + tc <= width ? tc : width - j * tc;
-        uint32_t a = 0;
-        for (int64_t c = 0; c < n; ++c) a = umax(a, In::widen(tile[c]) & kF32Abs);
-        amax[j] = umax(amax[j], a);
-      }
+};
+
+// E4M3 scales of n blocks (amax: f32 bits) under the tensor scale s (f32) in f32
+// arithmetic (e4m3_block_scale_f32): mf, df, special (1: NaN / Inf) and the scale bytes
+// (as uint32: the loop's lanes are then all 32 bits wide, 16 to a 64-byte vector, not 64
+// as bytes would make them). Returns whether all of them are exact (else the caller
+// redoes them).
+template <class F>
+__attribute__((noinline)) bool e4m3_scales(int64_t n, float s, const uint32_t* __restrict amax,
+                                           float* __restrict mf, float* __restrict df,
+                                           uint32_t* __restrict special,
+                                           uint32_t* __restrict codes) {
+  uint32_t ok = 1;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t sp = amax[j] >= kF32Inf;
+    uint32_t code;
+    float m, d;
+    ok &= uint32_t(e4m3_block_scale_f32<F>(amax[j] & (sp - 1u), s, code, m, d));
+    mf[j] = m, df[j] = d, special[j] = sp;
+    codes[j] = code | (0x7Fu & (0u - sp));  // NaN / Inf: 0x7F (code 0 there)
+  }
+  return ok;
+}
+
+// FP32 (kPow2: FP32_POW2) scales of n blocks in f32 arithmetic, as e4m3_scales (kFake:
+// checked for decoding too): q = elem_max / amax is one f32 divide, normal for any finite
+// nonzero amax (Inf past FLT_MAX, clamped as block_scale clamps m), so it is div24's (and
+// its exponent block_scale's power of two); 1 / m is one divide too, checked normal (a
+// subnormal quotient would round twice in block_scale).
+template <class F, bool kPow2, bool kFake>
+__attribute__((noinline)) bool fp32_scales(int64_t n, const uint32_t* __restrict amax,
+                                           float* __restrict mf, float* __restrict df,
+                                           uint32_t* __restrict special,
+                                           uint32_t* __restrict stored) {
+  constexpr float kElemMax = float(F::max_sig) / float(1u << (23 - F::emax));  // exact
+  uint32_t ok = 1;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t sp = amax[j] >= kF32Inf, a = amax[j] & (sp - 1u);
+    const uint32_t q = as_bits(kElemMax / as_float(a));  // Inf where a is 0 or tiny
+    uint32_t m = kPow2 ? umin(q & kF32Inf, 0x7F000000u) : umin(q, 0x7F7FFFFFu);
+    m = a == 0 ? 0x3F800000u : m;
+    const uint32_t inv = as_bits(1.0f / as_float(m));
+    uint32_t good = uint32_t(inv >= 0x00800000u);
+    if (kFake) good &= uint32_t(int32_t(inv >> 23) - 127 + F::emin - F::man_bits >= -126);
+    mf[j] = as_float(m), df[j] = as_float(inv), special[j] = sp;
+    stored[j] = sp ? kF32QNaN : inv;
+    ok &= good;
+  }
+  return ok;
+}
+
+// The scales of tiles [0, n) of t from t.amax (their stored values in t.stored). Returns
+// whether every tile takes the f32 path.
+template <class F, bool kFake>
+bool make_scales(const BlockProblem& p, Tiles& t, int64_t n, Sig s_enc) {
+  if (p.scale == kScaleE4M3 &&  // one vector loop where its f32 arithmetic is exact
+      e4m3_scales<F>(n, as_float(p.tensor_scale ? p.tensor_scale : 0x3F800000u), t.amax, t.mf,
+                     t.df, t.special, t.stored)) {
+    for (int64_t j = 0; j < n; ++j) t.fast[j] = true;
+    return true;  // (a d of E4M3 always decodes on the f32 path: fast_decode)
+  }
+  if ((p.scale == kScaleFP32 &&
+       fp32_scales<F, false, kFake>(n, t.amax, t.mf, t.df, t.special, t.stored)) ||
+      (p.scale == kScaleFP32Pow2 &&
+       fp32_scales<F, true, kFake>(n, t.amax, t.mf, t.df, t.special, t.stored))) {
+    for (int64_t j = 0; j < n; ++j) t.fast[j] = true;
+    return true;
+  }
+  auto scale_of = [&](uint32_t a) {
+    switch (p.scale) {
+      case kScaleE8M0: return block_scale<F, kScaleE8M0>(a, p.mode, s_enc);
+      case kScaleE4M3: return block_scale<F, kScaleE4M3>(a, p.mode, s_enc);
+      case kScaleFP32: return block_scale<F, kScaleFP32>(a, p.mode, s_enc);
+      default: return block_scale<F, kScaleFP32Pow2>(a, p.mode, s_enc);
     }
-    const int64_t si = scale_index(p, s);
-    bool all_fast = true;
-    auto scale_of = [&](uint32_t a) {
-      switch (p.scale) {
-        case kScaleE8M0: return block_scale<F, kScaleE8M0>(a, p.mode, s_enc);
-        case kScaleE4M3: return block_scale<F, kScaleE4M3>(a, p.mode, s_enc);
-        case kScaleFP32: return block_scale<F, kScaleFP32>(a, p.mode, s_enc);
-        default: return block_scale<F, kScaleFP32Pow2>(a, p.mode, s_enc);
-      }
-    };
-    for (int64_t j = 0; j < tiles; ++j) {
-      const BlockScale bs = scale_of(amax[j]);
-      msig[j] = bs.m.sig, mexp[j] = bs.m.exp, dsig[j] = bs.d.sig, dexp[j] = bs.d.exp;
-      mf[j] = f32_value(bs.m), df[j] = f32_value(bs.d);
-      special[j] = bs.special;
-      fast[j] = normal_f32(bs.m) && (!kFake || fast_decode<F>(bs.d, Sig{0, 0}));
-      all_fast = all_fast && fast[j];
-      if (kFake) continue;
-      if (p.scale >= kScaleFP32) {
-        static_cast<uint32_t*>(p.scales)[si + j] = bs.stored;
-      } else {
-        static_cast<uint8_t*>(p.scales)[si + j] = uint8_t(bs.stored);
-      }
-    }
-    // Narrow tiles (16, 32) whose scales all take the f32 path: spread the scales over the
-    // columns, so that whole rows run as one vector loop (a tile's codes are too few).
-    const bool spread = kTC > 1 && all_fast;
-    for (int64_t j = 0; spread && j < tiles; ++j) {
-      for (int64_t k = 0; k < kTC; ++k) {  // a broadcast store; past width: unused
-        mfe[j * kTC + k] = mf[j], dfe[j * kTC + k] = df[j], spe[j * kTC + k] = special[j];
-      }
-    }
-    for (int64_t r = s.r0; r < s.r1; ++r) {
-      const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
-      const T* xr = x + first;
-      const uint32_t* rr = kSR ? p.rand + first : nullptr;
-      uint8_t* cr = kFake ? nullptr : p.codes + first;
-      float* orow = kFake ? p.out + first : nullptr;
-      if (spread) {
-        code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mfe, msig, mexp, dfe,
-                                                dsig, dexp, spe);
-        continue;
-      }
-      if (tc == 1) {
-        if (all_fast) {
-          code_run<F, In, kSR, kFake, true, true>(width, xr, rr, cr, orow, mf, msig, mexp, df,
-                                                  dsig, dexp, special);
-        } else {
-          code_run<F, In, kSR, kFake, false, true>(width, xr, rr, cr, orow, mf, msig, mexp, df,
-                                                   dsig, dexp, special);
-        }
-        continue;
-      }
-      for (int64_t j = 0; j < tiles; ++j) {
-        const int64_t c = j * tc, n = c + tc <= width ? tc : width - c;
-        const uint32_t* rc = kSR ? rr + c : nullptr;
-        uint8_t* cc = kFake ? nullptr : cr + c;
-        float* oc = kFake ? orow + c : nullptr;
-        if (fast[j]) {
-          code_run<F, In, kSR, kFake, true, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
-                                                   mexp + j, df + j, dsig + j, dexp + j,
-                                                   special + j);
-        } else {
-          code_run<F, In, kSR, kFake, false, false>(n, xr + c, rc, cc, oc, mf + j, msig + j,
-                                                    mexp + j, df + j, dsig + j, dexp + j,
-                                                    special + j);
-        }
-      }
-    }
+  };
+  bool all_fast = true;
+  for (int64_t j = 0; j < n; ++j) {
+    const BlockScale bs = scale_of(t.amax[j]);
+    t.msig[j] = bs.m.sig, t.mexp[j] = bs.m.exp, t.dsig[j] = bs.d.sig, t.dexp[j] = bs.d.exp;
+    t.mf[j] = f32_value(bs.m), t.df[j] = f32_value(bs.d);
+    t.special[j] = bs.special;
+    t.fast[j] = normal_f32(bs.m) && (!kFake || fast_decode<F>(bs.d, Sig{0, 0}));
+    all_fast = all_fast && t.fast[j];
+    t.stored[j] = bs.stored;
+  }
+  return all_fast;
+}
+
+// The code of element bits x under tile j of (mf, msig, mexp): the f32 path where kFast.
+template <class F, bool kSR, bool kFast>
+MXJAX_HD uint32_t code_of(uint32_t x, uint32_t r, float mf, uint32_t msig, int32_t mexp) {
+  if constexpr (kFast) {
+    return block_encode_f32_sat<F, kSR>(x, mf, r);
+  } else {
+    return block_encode<F, kSR>(x, Sig{msig, mexp}, r);
   }
 }
 
-// f32 values of n codes from c on under their tiles' decode scales (kPerElement as in
-// code_run), divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
-template <class F, bool kFast, bool kPerElement>
-__attribute__((noinline)) void decode_run(
-    int64_t n, const uint8_t* __restrict codes, float* __restrict out, const float* __restrict df,
-    const uint32_t* __restrict dsig, const int32_t* __restrict dexp,
-    const uint32_t* __restrict nan, float tsf, Sig ts) {
+// Packed codes of the first `groups` whole groups of a run of a row (x and rand from its
+// first element, a group's first; group g at out + g * group_bytes), under tile j = g
+// (kPerGroup) or 0. Restrict-qualified parameters let the compiler vectorize without
+// alias checks; the special mask is an AND, not a select, for the same reason.
+template <class F, class In, bool kSR, bool kFast, bool kPerGroup>
+__attribute__((noinline)) void pack_run(int64_t groups, const typename In::T* __restrict x,
+                                        const uint32_t* __restrict rand, uint8_t* __restrict out,
+                                        const float* __restrict mf,
+                                        const uint32_t* __restrict msig,
+                                        const int32_t* __restrict mexp,
+                                        const uint32_t* __restrict special) {
+  constexpr int kG = F::group_codes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t j = kPerGroup ? g : 0;
+    uint32_t word = 0;
+    if constexpr (kG == 2 && sizeof(typename In::T) == 2) {  // a pair of 16-bit inputs: one
+      uint32_t pair;                                        // 32-bit load, no shuffles
+      std::memcpy(&pair, x + 2 * g, 4);
+      const uint32_t r0 = kSR ? rand[2 * g] : 0, r1 = kSR ? rand[2 * g + 1] : 0;
+      word = code_of<F, kSR, kFast>(In::widen(uint16_t(pair)), r0, mf[j], msig[j], mexp[j]) |
+             code_of<F, kSR, kFast>(In::widen(uint16_t(pair >> 16)), r1, mf[j], msig[j],
+                                    mexp[j])
+                 << F::bits;
+    } else {
+      for (int k = 0; k < kG; ++k) {
+        uint32_t r = 0;
+        if constexpr (kSR) r = rand[g * kG + k];
+        word |= code_of<F, kSR, kFast>(In::widen(x[g * kG + k]), r, mf[j], msig[j], mexp[j])
+                << (F::bits * k);
+      }
+    }
+    word &= special[j] - 1u;  // 0 in a NaN / Inf block
+    for (int i = 0; i < F::group_bytes; ++i) out[g * F::group_bytes + i] = uint8_t(word >> (8 * i));
+  }
+}
+
+// Packed codes of a row's elements [begin, end) (begin starts a group; x, rand and out
+// point at the row's first element / byte), element c under tile j0 + c / tc of t: any
+// tile width, one element at a time (ragged ends, tiles that split packing groups).
+template <class F, class In, bool kSR>
+void pack_scalar(int64_t begin, int64_t end, int64_t tc, const typename In::T* x,
+                 const uint32_t* rand, uint8_t* out, const Tiles& t, int64_t j0) {
+  constexpr int kG = F::group_codes;
+  for (int64_t g = begin / kG; g * kG < end; ++g) {
+    uint32_t word = 0;
+    for (int k = 0; k < kG && g * kG + k < end; ++k) {
+      const int64_t c = g * kG + k, j = j0 + c / tc;
+      const uint32_t bits = In::widen(x[c]), r = kSR ? rand[c] : 0;
+      const uint32_t code = t.fast[j] ? code_of<F, kSR, true>(bits, r, t.mf[j], 0, 0)
+                                      : code_of<F, kSR, false>(bits, r, 0, t.msig[j], t.mexp[j]);
+      word |= (code & (t.special[j] - 1u)) << (F::bits * k);
+    }
+    for (int i = 0; i < F::group_bytes; ++i) out[g * F::group_bytes + i] = uint8_t(word >> (8 * i));
+  }
+}
+
+// Packed codes of group_codes rows (x0.., rand r0..; `rows` of them real, the others
+// padding codes 0, their pointers any real row's) into group_bytes byte rows (o0..), n
+// columns, column c under tile c (b x 1 tiles).
+template <class F, class In, bool kSR, bool kFast>
+__attribute__((noinline)) void pack_rows_run(
+    int64_t n, int rows, const typename In::T* __restrict x0, const typename In::T* __restrict x1,
+    const typename In::T* __restrict x2, const typename In::T* __restrict x3,
+    const uint32_t* __restrict r0, const uint32_t* __restrict r1, const uint32_t* __restrict r2,
+    const uint32_t* __restrict r3, uint8_t* __restrict o0, uint8_t* __restrict o1,
+    uint8_t* __restrict o2, const float* __restrict mf, const uint32_t* __restrict msig,
+    const int32_t* __restrict mexp, const uint32_t* __restrict special) {
+  constexpr int kG = F::group_codes;
+  const uint32_t k1 = rows > 1 ? ~0u : 0u, k2 = rows > 2 ? ~0u : 0u, k3 = rows > 3 ? ~0u : 0u;
+  for (int64_t c = 0; c < n; ++c) {
+    auto code = [&](const typename In::T* __restrict x, const uint32_t* __restrict r) {
+      return code_of<F, kSR, kFast>(In::widen(x[c]), kSR ? r[c] : 0, mf[c], msig[c], mexp[c]);
+    };
+    uint32_t word = code(x0, r0);
+    if constexpr (kG > 1) word |= (code(x1, r1) & k1) << F::bits;
+    if constexpr (kG > 2) {
+      word |= (code(x2, r2) & k2) << (2 * F::bits);
+      word |= (code(x3, r3) & k3) << (3 * F::bits);
+    }
+    word &= special[c] - 1u;
+    o0[c] = uint8_t(word);
+    if constexpr (F::group_bytes > 1) o1[c] = uint8_t(word >> 8);
+    if constexpr (F::group_bytes > 2) o2[c] = uint8_t(word >> 16);
+  }
+}
+
+// fake_quantize: the decoded f32 values (no tensor scale applied) of the codes of the n
+// elements of x from c on, under their tiles' scales: element c's (kPerElement) or one
+// (index 0) for all; kFast: the f32 path, else the Sig path.
+template <class F, class In, bool kSR, bool kFast, bool kPerElement>
+__attribute__((noinline)) void fake_run(
+    int64_t n, const typename In::T* __restrict x, const uint32_t* __restrict rand,
+    float* __restrict out, const float* __restrict mf, const uint32_t* __restrict msig,
+    const int32_t* __restrict mexp, const float* __restrict df, const uint32_t* __restrict dsig,
+    const int32_t* __restrict dexp, const uint32_t* __restrict special) {
   for (int64_t c = 0; c < n; ++c) {
     const int64_t j = kPerElement ? c : 0;
+    uint32_t r = 0;
+    if constexpr (kSR) r = rand[c];
+    const uint32_t code = code_of<F, kSR, kFast>(In::widen(x[c]), r, mf[j], msig[j], mexp[j]);
     uint32_t v;
     if constexpr (kFast) {
-      v = as_bits(as_float(grid_value_bits<F>(codes[c])) * df[j] / tsf);
+      v = as_bits(as_float(grid_value_bits<F>(code)) * df[j]);
     } else {
-      v = block_decode<F>(codes[c], Sig{dsig[j], dexp[j]}, ts);
+      v = block_decode<F>(code, Sig{dsig[j], dexp[j]}, Sig{0, 0});
     }
-    const uint32_t keep = nan[j] - 1u;  // as in code_run
+    const uint32_t keep = special[j] - 1u;  // 0 in a NaN / Inf block
     out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
   }
 }
 
-// f32 values of the codes and scales of the units [begin, end) of p.
+// FP4 codes from bf16 by thresholds (AVX-512BW: 16-bit lanes, variable word permutes). A
+// tile's code of |x| is monotone in |x|, so it is the number of the tile's 7 thresholds
+// T[k] (the least bf16 magnitude whose code is at least k) that |x| reaches: found by a
+// binary search over T in 16-bit lanes, 32 elements a vector, instead of an f32 multiply
+// and rounding per element. The thresholds come from the codec itself (block_encode_f32
+// at the candidates), so the codes are its codes. They depend on the tile's multiplier
+// only: for byte scales (E4M3 under one tensor scale, E8M0) on the scale byte, so each
+// chunk of work makes a byte's row once.
+#if defined(__AVX512BW__)
+#define MXJAX_FP4_THRESHOLDS 1
+
+// A tile's row: [0] the sign's keep mask (8; 0 in a NaN / Inf block), [k] T[k], k = 1..7.
+struct ThresholdRows {
+  uint16_t row[256][8];
+  bool ready[256] = {};
+};
+
+// The row of a tile whose elements take the f32 path with multiplier m; `special`: a NaN /
+// Inf block (no threshold is reached, the sign is dropped).
 template <class F>
-void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
-  const Sig ts =
-      p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
-  const float tsf = ts.sig ? f32_value(ts) : 1.0f;
-  const int64_t tc = p.tile_cols;
-  uint32_t dsig[kMaxUnitTiles];
+void threshold_row(float m, bool special, uint16_t* row) {
+  row[0] = special ? 0 : 8;
+  auto code = [m](uint32_t a) { return block_encode_f32_sat<F, false>(a << 16, m, 0); };
+  for (uint32_t k = 1; k < 8; ++k) {
+    // A start near T[k]: the grid's midpoint below code k over m, truncated to bf16.
+    const float mid = 0.5f * (as_float(grid_value_bits<F>(k - 1)) + as_float(grid_value_bits<F>(k)));
+    uint32_t t = umin(as_bits(mid / m) >> 16, 0x7F80u);  // m 0: Inf, no finite x reaches
+    while (t > 0 && code(t - 1) >= k) --t;
+    while (t < 0x7F80u && code(t) < k) ++t;
+    row[k] = uint16_t(special ? 0xFFFFu : t);
+  }
+}
+
+typedef uint16_t ThrV __attribute__((vector_size(64)));
+typedef uint32_t ThrW __attribute__((vector_size(64)));
+typedef uint8_t ThrB __attribute__((vector_size(16)));
+
+// Packed FP4 codes of `vecs` runs of 32 bf16 x (32 / kTC tiles each; their rows at `rows`,
+// 8 words a tile, 64 bytes readable from each run's first) into 16 bytes each.
+template <int kTC>
+__attribute__((noinline)) void fp4_threshold_run(int64_t vecs, const uint16_t* __restrict x,
+                                                 const uint16_t* __restrict rows,
+                                                 uint8_t* __restrict out) {
+  ThrV off;  // each lane's tile's first word in the vector of rows
+  for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
+#pragma GCC unroll 4
+  for (int64_t v = 0; v < vecs; ++v) {
+    ThrV xv, tt;
+    std::memcpy(&xv, x + 32 * v, 64);
+    std::memcpy(&tt, rows + 32 / kTC * 8 * v, 64);
+    const ThrV a = xv & 0x7FFF;
+    ThrV c = off;  // + the code found so far: T[c + 4], then T[c + 2], T[c + 1]
+    c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
+    c = a >= __builtin_shuffle(tt, c + 2) ? c + 2 : c;
+    c = a >= __builtin_shuffle(tt, c + 1) ? c + 1 : c;
+    const ThrV code = (c & 7) | ((xv >> 12) & __builtin_shuffle(tt, off));  // sign: bit 3
+    ThrW w;  // two codes a 32-bit lane: low nibble first
+    std::memcpy(&w, &code, 64);
+    w |= w >> 12;
+    const ThrB bytes = __builtin_convertvector(w, ThrB);
+    std::memcpy(out + 16 * v, &bytes, 16);
+  }
+}
+#endif
+
+// Walks units from one on, their spans and first scales' indices, without dividing.
+struct UnitIter {
+  const BlockProblem& p;
+  int64_t w, ncc, nr, nc, cc, i, b;
+  UnitIter(const BlockProblem& prob, int64_t u) : p(prob) {
+    w = cpu::unit_cols(p), ncc = ceil_div(p.cols, w), nr = ceil_div(p.rows, p.tile_rows);
+    nc = ceil_div(p.cols, p.tile_cols);
+    cc = u % ncc;
+    const int64_t bi = u / ncc;
+    i = bi % nr, b = bi / nr;
+  }
+  Span span() const {
+    return {i, i * p.tile_rows, min64(p.rows, (i + 1) * p.tile_rows), cc * w,
+            min64(p.cols, (cc + 1) * w), b};
+  }
+  int64_t scale_index() const { return (b * nr + i) * nc + cc * (w / p.tile_cols); }
+  void next() {
+    if (++cc == ncc) {
+      cc = 0;
+      if (++i == nr) i = 0, ++b;
+    }
+  }
+};
+
+// Units whose tiles' scales are made in one loop (E4M3's chain of divides then overlaps).
+constexpr int kMaxBatch = 8;
+
+// Quantize (kFake: fake_quantize, f32 out, no tensor scale applied) the units [begin, end)
+// of p, elements F from In, stochastic rounding when kSR; tiles kTC columns wide (16, 32:
+// narrow tiles, whose amaxes reduce in registers; 0: p.tile_cols). Units go in batches of
+// consecutive ones: amaxes, then all their scales, then each unit's codes.
+template <class F, class In, bool kSR, bool kFake, int kTC>
+void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
+  using T = typename In::T;
+  constexpr int kG = F::group_codes, kB = F::group_bytes;
+  const T* x = static_cast<const T*>(p.x);
+  const Sig s_enc = p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0x800000u, -23};
+  const int64_t tc = kTC ? kTC : p.tile_cols;
+  const bool scales32 = p.scale >= kScaleFP32;
+  Tiles t;
+  float mfg[cpu::kUnitCols], dfe[cpu::kUnitCols];  // per group / column, where tiles are spread
+  uint32_t spg[cpu::kUnitCols];
+  Span spans[kMaxBatch];
+  int64_t first[kMaxBatch + 1], sidx[kMaxBatch];
+  UnitIter it(p, begin);
+#ifdef MXJAX_FP4_THRESHOLDS
+  constexpr bool kThresholds = std::is_same_v<F, E2M1> && std::is_same_v<In, BF16> && !kSR &&
+                               !kFake && (kTC == 16 || kTC == 32);
+  const bool thresholds = kThresholds && (p.scale == kScaleE4M3 || p.scale == kScaleE8M0);
+  ThresholdRows cache;
+  uint16_t urows[cpu::kUnitCols / 16 + 4][8], brows[kMaxUnitTiles + 4][8];
+#endif
+  for (int64_t u = begin; u < end;) {
+    int nb = 0;
+    first[0] = 0;
+    for (; u < end && nb < kMaxBatch; ++u, ++nb, it.next()) {
+      const Span s = it.span();
+      const int64_t tiles = ceil_div(s.c1 - s.c0, tc);
+      if (nb > 0 && first[nb] + tiles > kMaxUnitTiles) break;
+      spans[nb] = s, sidx[nb] = it.scale_index(), first[nb + 1] = first[nb] + tiles;
+      bool whole = false;  // a whole unit of narrow tiles: reduced in registers
+      if constexpr (kTC > 1) {
+        whole = s.c1 - s.c0 == cpu::kUnitCols;
+        if (whole) {
+          unit_tile_amax<In, kTC>(x + (s.b * p.rows + s.r0) * p.cols + s.c0, p.cols,
+                                  s.r1 - s.r0, t.amax + first[nb]);
+        }
+      }
+      if (!whole) {
+        tile_amax<In, kTC>(x + (s.b * p.rows + s.r0) * p.cols + s.c0, p.cols, s.r1 - s.r0,
+                           s.c1 - s.c0, tc, t.amax + first[nb]);
+      }
+    }
+    const bool batch_fast = make_scales<F, kFake>(p, t, first[nb], s_enc);
+#ifdef MXJAX_FP4_THRESHOLDS
+    // Rows of whole units end to end (1-D blocks, rows a multiple of kUnitCols): one run
+    // of thresholds over the batch.
+    bool run = kThresholds && thresholds && batch_fast && p.tile_rows == 1;
+    for (int k = 0; run && k < nb; ++k) {
+      const Span& s = spans[k];
+      run = s.c1 - s.c0 == cpu::kUnitCols &&
+            (k == 0 || ((s.b * p.rows + s.r0) * p.cols + s.c0 ==
+                            (spans[k - 1].b * p.rows + spans[k - 1].r0) * p.cols +
+                                spans[k - 1].c1 &&
+                        sidx[k] == sidx[k - 1] + first[k] - first[k - 1]));
+    }
+    if (run) {
+      uint8_t* scales = static_cast<uint8_t*>(p.scales) + sidx[0];
+      for (int64_t j = 0; j < first[nb]; ++j) {
+        const uint32_t byte = t.stored[j] & 0xFF;
+        if (!cache.ready[byte]) {
+          threshold_row<F>(t.mf[j], t.special[j] != 0, cache.row[byte]);
+          cache.ready[byte] = true;
+        }
+        std::memcpy(brows[j], cache.row[byte], 16);
+        scales[j] = uint8_t(byte);
+      }
+      const Span& s = spans[0];
+      fp4_threshold_run<kTC>(nb * (cpu::kUnitCols / 32),
+                             reinterpret_cast<const uint16_t*>(x + (s.b * p.rows + s.r0) * p.cols + s.c0),
+                             brows[0], p.codes + packed_offset<F>(p, s.b, s.r0, s.c0));
+      continue;
+    }
+#endif
+    for (int k = 0; k < nb; ++k) {
+      const Span& s = spans[k];
+      const int64_t width = s.c1 - s.c0, tiles = first[k + 1] - first[k], j0 = first[k];
+      if (!kFake) {  // the unit's scales
+        if (scales32) {
+          uint32_t* out = static_cast<uint32_t*>(p.scales) + sidx[k];
+          for (int64_t j = 0; j < tiles; ++j) out[j] = t.stored[j0 + j];
+        } else {
+          uint8_t* out = static_cast<uint8_t*>(p.scales) + sidx[k];
+          for (int64_t j = 0; j < tiles; ++j) out[j] = uint8_t(t.stored[j0 + j]);
+        }
+      }
+      bool all_fast = batch_fast;
+      for (int64_t j = 0; !batch_fast && j < tiles; ++j) all_fast = all_fast && t.fast[j0 + j];
+      const float* mf = t.mf + j0;
+      const float* df = t.df + j0;
+      const uint32_t* msig = t.msig + j0;
+      const int32_t* mexp = t.mexp + j0;
+      const uint32_t* dsig = t.dsig + j0;
+      const int32_t* dexp = t.dexp + j0;
+      const uint32_t* special = t.special + j0;
+      const bool* fast = t.fast + j0;
+      // Tiles no wider than a unit, whose scales all take the f32 path: spread the scales
+      // over the groups (fake_quantize: the columns), so that whole rows run as one loop.
+      const int64_t per = kFake ? 1 : kG;  // elements per spread entry
+      const bool spread = all_fast && tc > 1 && tc <= 32 && tc % per == 0 && width <= cpu::kUnitCols;
+#ifdef MXJAX_FP4_THRESHOLDS
+      const bool by_thresholds = thresholds && spread && width == cpu::kUnitCols;
+      if (by_thresholds) {  // the unit's rows of thresholds, in tile order
+        for (int64_t j = 0; j < tiles; ++j) {
+          const uint32_t byte = t.stored[j0 + j] & 0xFF;
+          if (!cache.ready[byte]) {
+            threshold_row<F>(mf[j], special[j] != 0, cache.row[byte]);
+            cache.ready[byte] = true;
+          }
+          std::memcpy(urows[j], cache.row[byte], 16);
+        }
+        for (int64_t r = s.r0; r < s.r1; ++r) {
+          const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
+          fp4_threshold_run<kTC>(width / 32, reinterpret_cast<const uint16_t*>(x + start),
+                                 urows[0], p.codes + packed_offset<F>(p, s.b, r, s.c0));
+        }
+        continue;
+      }
+#endif
+      for (int64_t j = 0; spread && j < tiles; ++j) {
+        for (int64_t e = 0; e < tc / per; ++e) {  // a broadcast store; past width: unused
+          mfg[j * (tc / per) + e] = mf[j], spg[j * (tc / per) + e] = special[j];
+          if (kFake) dfe[j * tc + e] = df[j];
+        }
+      }
+      if constexpr (kFake) {
+        for (int64_t r = s.r0; r < s.r1; ++r) {
+          const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
+          const T* xr = x + start;
+          const uint32_t* rr = kSR ? p.rand + start : nullptr;
+          float* o = p.out + start;
+          if (spread) {
+            fake_run<F, In, kSR, true, true>(width, xr, rr, o, mfg, msig, mexp, dfe, dsig, dexp,
+                                             spg);
+          } else if (tc == 1) {
+            if (all_fast) {
+              fake_run<F, In, kSR, true, true>(width, xr, rr, o, mf, msig, mexp, df, dsig, dexp,
+                                               special);
+            } else {
+              fake_run<F, In, kSR, false, true>(width, xr, rr, o, mf, msig, mexp, df, dsig,
+                                                dexp, special);
+            }
+          } else {
+            for (int64_t j = 0; j < tiles; ++j) {
+              const int64_t c = j * tc, n = min64(tc, width - c);
+              const uint32_t* rc = kSR ? rr + c : nullptr;
+              if (fast[j]) {
+                fake_run<F, In, kSR, true, false>(n, xr + c, rc, o + c, mf + j, msig + j,
+                                                  mexp + j, df + j, dsig + j, dexp + j,
+                                                  special + j);
+              } else {
+                fake_run<F, In, kSR, false, false>(n, xr + c, rc, o + c, mf + j, msig + j,
+                                                   mexp + j, df + j, dsig + j, dexp + j,
+                                                   special + j);
+              }
+            }
+          }
+        }
+        continue;
+      }
+      if (p.pack_rows) {  // b x 1 tiles: group_codes rows into group_bytes byte rows
+        for (int64_t r = s.r0; r < s.r1; r += kG) {
+          const int rows = int(min64(kG, s.r1 - r));
+          const T* xs[4];
+          const uint32_t* rs[4] = {nullptr, nullptr, nullptr, nullptr};
+          for (int e = 0; e < 4; ++e) {
+            const int64_t start = (s.b * p.rows + r + (e < rows ? e : 0)) * p.cols + s.c0;
+            xs[e] = x + start;
+            if (kSR) rs[e] = p.rand + start;
+          }
+          uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
+          uint8_t* o1 = kB > 1 ? o + p.cols : o;
+          uint8_t* o2 = kB > 2 ? o + 2 * p.cols : o;
+          if (all_fast) {
+            pack_rows_run<F, In, kSR, true>(width, rows, xs[0], xs[1], xs[2], xs[3], rs[0],
+                                            rs[1], rs[2], rs[3], o, o1, o2, mf, msig, mexp,
+                                            special);
+          } else {
+            pack_rows_run<F, In, kSR, false>(width, rows, xs[0], xs[1], xs[2], xs[3], rs[0],
+                                             rs[1], rs[2], rs[3], o, o1, o2, mf, msig, mexp,
+                                             special);
+          }
+        }
+        continue;
+      }
+      for (int64_t r = s.r0; r < s.r1; ++r) {  // packed along the row
+        const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
+        const T* xr = x + start;
+        const uint32_t* rr = kSR ? p.rand + start : nullptr;
+        uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
+        if (spread || (tc == 1 && kG == 1)) {  // tile j = group g
+          const int64_t full = width / kG;
+          if (spread || all_fast) {
+            pack_run<F, In, kSR, true, true>(full, xr, rr, o, spread ? mfg : mf, msig, mexp,
+                                             spread ? spg : special);
+          } else {
+            pack_run<F, In, kSR, false, true>(full, xr, rr, o, mf, msig, mexp, special);
+          }
+          if (full * kG < width) {
+            pack_scalar<F, In, kSR>(full * kG, width, tc, xr, rr, o, t, j0);
+          }
+        } else if (tc % kG == 0) {  // tile by tile, each of whole groups (bar a ragged end)
+          for (int64_t j = 0; j < tiles; ++j) {
+            const int64_t c = j * tc, n = min64(tc, width - c), full = n / kG;
+            const uint32_t* rc = kSR ? rr + c : nullptr;
+            uint8_t* oc = o + c / kG * kB;
+            if (fast[j]) {
+              pack_run<F, In, kSR, true, false>(full, xr + c, rc, oc, mf + j, msig + j,
+                                                mexp + j, special + j);
+            } else {
+              pack_run<F, In, kSR, false, false>(full, xr + c, rc, oc, mf + j, msig + j,
+                                                 mexp + j, special + j);
+            }
+            if (full * kG < n) {
+              pack_scalar<F, In, kSR>(c + full * kG, c + n, tc, xr, rr, o, t, j0);
+            }
+          }
+        } else {  // tiles that split packing groups
+          pack_scalar<F, In, kSR>(0, width, tc, xr, rr, o, t, j0);
+        }
+      }
+    }
+  }
+}
+
+// A unit's decode scales: d as a Sig and an f32, NaN (1), and whether it decodes on the f32
+// path.
+struct DecodeTiles {
+  uint32_t dsig[kMaxUnitTiles], nan[kMaxUnitTiles];
   int32_t dexp[kMaxUnitTiles];
   float df[kMaxUnitTiles];
-  uint32_t nan[kMaxUnitTiles], nane[cpu::kUnitCols];
   bool fast[kMaxUnitTiles];
-  float dfe[cpu::kUnitCols];
-  for (int64_t u = begin; u < end; ++u) {
-    const Span s = span_of(p, u);
+};
+
+// The value of a code under decode scale j (tsf / ts: the tensor scale, see unpack_run).
+template <class F, bool kFast>
+MXJAX_HD uint32_t value_of(uint32_t code, float df, uint32_t dsig, int32_t dexp, float tsf,
+                           Sig ts) {
+  if constexpr (kFast) {
+    return as_bits(as_float(grid_value_bits<F>(code)) * df / tsf);
+  } else {
+    return block_decode<F>(code, Sig{dsig, dexp}, ts);
+  }
+}
+
+// f32 values of the first `groups` whole groups of packed codes (group g at in + g *
+// group_bytes; its values at out + g * group_codes) under decode scale j = g (kPerGroup) or
+// 0, divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
+template <class F, bool kFast, bool kPerGroup>
+__attribute__((noinline)) void unpack_run(int64_t groups, const uint8_t* __restrict in,
+                                          float* __restrict out, const float* __restrict df,
+                                          const uint32_t* __restrict dsig,
+                                          const int32_t* __restrict dexp,
+                                          const uint32_t* __restrict nan, float tsf, Sig ts) {
+  constexpr int kG = F::group_codes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t j = kPerGroup ? g : 0;
+    uint32_t word = 0;
+    for (int i = 0; i < F::group_bytes; ++i) word |= uint32_t(in[g * F::group_bytes + i]) << (8 * i);
+    const uint32_t keep = nan[j] - 1u;  // as in pack_run
+    for (int k = 0; k < kG; ++k) {
+      const uint32_t code = (word >> (F::bits * k)) & ((1u << F::bits) - 1);
+      const uint32_t v = value_of<F, kFast>(code, df[j], dsig[j], dexp[j], tsf, ts);
+      out[g * kG + k] = as_float((v & keep) | (kF32QNaN & ~keep));
+    }
+  }
+}
+
+// f32 values of one row of codes packed along the rows (the row's group_bytes byte rows
+// i0.., its codes at bit `shift` of their words), n columns, column c under scale c.
+template <class F, bool kFast>
+__attribute__((noinline)) void unpack_rows_run(
+    int64_t n, const uint8_t* __restrict i0, const uint8_t* __restrict i1,
+    const uint8_t* __restrict i2, uint32_t shift, float* __restrict out,
+    const float* __restrict df, const uint32_t* __restrict dsig, const int32_t* __restrict dexp,
+    const uint32_t* __restrict nan, float tsf, Sig ts) {
+  for (int64_t c = 0; c < n; ++c) {
+    uint32_t word = i0[c];
+    if constexpr (F::group_bytes > 1) word |= uint32_t(i1[c]) << 8;
+    if constexpr (F::group_bytes > 2) word |= uint32_t(i2[c]) << 16;
+    const uint32_t code = (word >> shift) & ((1u << F::bits) - 1);
+    const uint32_t v = value_of<F, kFast>(code, df[c], dsig[c], dexp[c], tsf, ts);
+    const uint32_t keep = nan[c] - 1u;
+    out[c] = as_float((v & keep) | (kF32QNaN & ~keep));
+  }
+}
+
+// f32 values of a row's elements [begin, end) (in and out at the row's first byte /
+// element), element c under tile c / tc: any tile width, one element at a time.
+template <class F>
+void unpack_scalar(int64_t begin, int64_t end, int64_t tc, const uint8_t* in, float* out,
+                   const DecodeTiles& t, float tsf, Sig ts) {
+  constexpr int kG = F::group_codes;
+  for (int64_t c = begin; c < end; ++c) {
+    const int64_t g = c / kG, j = c / tc;
+    uint32_t word = 0;
+    for (int i = 0; i < F::group_bytes; ++i) word |= uint32_t(in[g * F::group_bytes + i]) << (8 * i);
+    const uint32_t code = (word >> (F::bits * (c % kG))) & ((1u << F::bits) - 1);
+    const uint32_t v = t.fast[j] ? value_of<F, true>(code, t.df[j], 0, 0, tsf, ts)
+                                 : value_of<F, false>(code, 0, t.dsig[j], t.dexp[j], tsf, ts);
+    out[c] = t.nan[j] ? as_float(kF32QNaN) : as_float(v);
+  }
+}
+
+// f32 values of the packed codes and scales of the units [begin, end) of p.
+template <class F>
+void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
+  constexpr int kG = F::group_codes, kB = F::group_bytes;
+  const Sig ts =
+      p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
+  const float tsf = ts.sig ? as_float(p.tensor_scale) : 1.0f;  // exact (f32_value: normals only)
+  const int64_t tc = p.tile_cols;
+  const bool narrow = tc == 16 || tc == 32;
+  DecodeTiles t;
+  uint32_t nang[cpu::kUnitCols];
+  float dfg[cpu::kUnitCols];
+  UnitIter it(p, begin);
+  for (int64_t u = begin; u < end; ++u, it.next()) {
+    const Span s = it.span();
     const int64_t width = s.c1 - s.c0, tiles = ceil_div(width, tc);
-    const int64_t si = scale_index(p, s);
+    const int64_t si = it.scale_index();
     bool all_fast = true;
     for (int64_t j = 0; j < tiles; ++j) {
       const uint32_t stored = p.scale >= kScaleFP32
@@ -236,40 +699,59 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
                                   : static_cast<const uint8_t*>(p.in_scales)[si + j];
       bool is_nan;
       const Sig d = stored_scale_value(stored, p.scale, is_nan);
-      nan[j] = is_nan;
-      dsig[j] = d.sig, dexp[j] = d.exp, df[j] = f32_value(d);
-      fast[j] = fast_decode<F>(d, ts);
-      all_fast = all_fast && fast[j];
+      t.nan[j] = is_nan;
+      t.dsig[j] = d.sig, t.dexp[j] = d.exp, t.df[j] = f32_value(d);
+      t.fast[j] = fast_decode<F>(d, ts);
+      all_fast = all_fast && t.fast[j];
     }
-    const bool spread = (tc == 16 || tc == 32) && all_fast;  // as in quantize_units
+    if (p.pack_rows) {
+      for (int64_t r = s.r0; r < s.r1; ++r) {
+        const uint8_t* in = p.in_codes + packed_offset<F>(p, s.b, r, s.c0);
+        const uint8_t* in1 = kB > 1 ? in + p.cols : in;
+        const uint8_t* in2 = kB > 2 ? in + 2 * p.cols : in;
+        const uint32_t shift = uint32_t(F::bits * (r % kG));
+        float* out = p.out + (s.b * p.rows + r) * p.cols + s.c0;
+        if (all_fast) {
+          unpack_rows_run<F, true>(width, in, in1, in2, shift, out, t.df, t.dsig, t.dexp, t.nan,
+                                   tsf, ts);
+        } else {
+          unpack_rows_run<F, false>(width, in, in1, in2, shift, out, t.df, t.dsig, t.dexp, t.nan,
+                                    tsf, ts);
+        }
+      }
+      continue;
+    }
+    const bool spread = narrow && all_fast;  // as in quantize_units
     for (int64_t j = 0; spread && j < tiles; ++j) {
-      for (int64_t k = 0; k < tc; ++k) dfe[j * tc + k] = df[j], nane[j * tc + k] = nan[j];
+      for (int64_t k = 0; k < tc / kG; ++k) dfg[j * (tc / kG) + k] = t.df[j], nang[j * (tc / kG) + k] = t.nan[j];
     }
     for (int64_t r = s.r0; r < s.r1; ++r) {
-      const int64_t first = (s.b * p.rows + r) * p.cols + s.c0;
-      const uint8_t* __restrict codes = p.in_codes + first;
-      float* __restrict out = p.out + first;
-      if (spread) {
-        decode_run<F, true, true>(width, codes, out, dfe, dsig, dexp, nane, tsf, ts);
-        continue;
-      }
-      if (tc == 1) {
-        if (all_fast) {
-          decode_run<F, true, true>(width, codes, out, df, dsig, dexp, nan, tsf, ts);
+      const uint8_t* in = p.in_codes + packed_offset<F>(p, s.b, r, s.c0);
+      float* out = p.out + (s.b * p.rows + r) * p.cols + s.c0;
+      if (spread || (tc == 1 && kG == 1)) {
+        const int64_t full = width / kG;
+        const float* df = spread ? dfg : t.df;
+        const uint32_t* nan = spread ? nang : t.nan;
+        if (spread || all_fast) {
+          unpack_run<F, true, true>(full, in, out, df, t.dsig, t.dexp, nan, tsf, ts);
         } else {
-          decode_run<F, false, true>(width, codes, out, df, dsig, dexp, nan, tsf, ts);
+          unpack_run<F, false, true>(full, in, out, df, t.dsig, t.dexp, nan, tsf, ts);
         }
-        continue;
-      }
-      for (int64_t j = 0; j < tiles; ++j) {
-        const int64_t c = j * tc, n = min64(width, c + tc) - c;
-        if (fast[j]) {
-          decode_run<F, true, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
-                                     tsf, ts);
-        } else {
-          decode_run<F, false, false>(n, codes + c, out + c, df + j, dsig + j, dexp + j, nan + j,
-                                      tsf, ts);
+        if (full * kG < width) unpack_scalar<F>(full * kG, width, tc, in, out, t, tsf, ts);
+      } else if (tc % kG == 0) {
+        for (int64_t j = 0; j < tiles; ++j) {
+          const int64_t c = j * tc, n = min64(tc, width - c), full = n / kG;
+          if (t.fast[j]) {
+            unpack_run<F, true, false>(full, in + c / kG * kB, out + c, t.df + j, t.dsig + j,
+                                       t.dexp + j, t.nan + j, tsf, ts);
+          } else {
+            unpack_run<F, false, false>(full, in + c / kG * kB, out + c, t.df + j, t.dsig + j,
+                                        t.dexp + j, t.nan + j, tsf, ts);
+          }
+          if (full * kG < n) unpack_scalar<F>(c + full * kG, c + n, tc, in, out, t, tsf, ts);
         }
+      } else {
+        unpack_scalar<F>(0, width, tc, in, out, t, tsf, ts);
       }
     }
   }
@@ -338,6 +820,7 @@ void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {
 
 const mxjax::cpu::BlockKernels& mxjax::cpu::MXJAX_CAT(block_kernels_, MXJAX_ISA_NS)() {
   static const BlockKernels table = {&mxjax::quantize, &mxjax::dequantize,
-                                     &mxjax::fake_quantize, &mxjax::quantize_2x};
+                                     &mxjax::fake_quantize, &mxjax::quantize_2x,
+                                     &mxjax::tensor_amax};
   return table;
 }

@@ -72,14 +72,22 @@ struct FakeQuantizeProblem {
 // the last axis are [outer, 1, n] in 1 x b tiles; along a strided axis [outer, n, inner] in
 // b x 1 tiles; 2-D blocks [..., R, C] in b x b tiles. Work units: one (batch, tile row,
 // run of whole tiles about kUnitCols columns wide) each.
+//
+// Codes are packed along the quantized axis as MX data is (FP4 two per byte, low nibble
+// first; FP6 four in three bytes, code i at bit 6i of the little-endian group; FP8 one per
+// byte; padding codes 0): along the rows where pack_rows (1-D blocks along a strided axis:
+// [batch, storage(rows), cols]), else along the columns ([batch, rows, storage(cols)]).
+// A unit's first column (and, where pack_rows, its first row, unless one tile row covers
+// all rows) starts a packing group, so units never share a byte.
 struct BlockProblem {
   int32_t format, scale, mode;
   int64_t tile_rows, tile_cols, batch, rows, cols;
+  bool pack_rows;         // codes packed along the rows (else along the columns)
   uint32_t tensor_scale;  // f32 bits of the FP32 tensor scale; 0 where there is none
   const void* x;          // quantize / fake_quantize: bf16, f16 or f32 (dtype)
   int32_t dtype;
   const uint32_t* rand;   // stochastic-rounding bits of x's shape, or nullptr (nearest even)
-  uint8_t* codes;         // quantize: [batch, rows, cols], one code per byte
+  uint8_t* codes;         // quantize: packed codes (see above)
   void* scales;           // quantize: [batch, ceil(rows/tr), ceil(cols/tc)], u8 or f32 bits
   const uint8_t* in_codes;  // dequantize: as codes
   const void* in_scales;    // dequantize: as scales
@@ -87,9 +95,12 @@ struct BlockProblem {
   float* out;               // dequantize / fake_quantize (no tensor scale applied): f32
 };
 
-// Columns of a BlockProblem's work unit: whole tiles, about kUnitCols.
+// Columns of a BlockProblem's work unit: whole tiles, about kUnitCols, a multiple of 4 (so
+// of every packing group); at most kUnitCols tiles.
 inline int64_t unit_cols(const BlockProblem& p) {
-  return p.tile_cols * (p.tile_cols < kUnitCols ? kUnitCols / p.tile_cols : 1);
+  int64_t tiles = p.tile_cols < kUnitCols ? kUnitCols / p.tile_cols : 1;
+  while (p.tile_cols * tiles % 4 != 0) ++tiles;
+  return p.tile_cols * tiles;
 }
 inline int64_t units(const BlockProblem& p) {
   return p.batch * ceil_div(p.rows, p.tile_rows) * ceil_div(p.cols, unit_cols(p));
@@ -121,6 +132,9 @@ struct BlockKernels {
   void (*dequantize)(const BlockProblem&, int64_t begin, int64_t end);
   void (*fake_quantize)(const BlockProblem&, int64_t begin, int64_t end);
   void (*quantize_2x)(const BlockPair&, int64_t begin, int64_t end);
+  // max over elements [begin, end) of x (dtype) of the f32 bits of |x| over finite ones
+  // (amax_kernels.cc; NaN / Inf count as 0; 0 for an empty range)
+  uint32_t (*tensor_amax)(const void* x, int32_t dtype, int64_t begin, int64_t end);
 };
 
 // Kernels for one SIMD level; each runs work units [begin, end) of its problem.
