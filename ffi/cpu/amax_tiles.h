@@ -75,6 +75,22 @@ V odds(V a, V b, std::index_sequence<I...>) {
   return __builtin_shufflevector(a, b, (2 * I + 1)...);
 }
 
+// One level of unit_tile_amax's tree over v[0, kN): v[j] = max of the deinterleaved pair
+// v[2j], v[2j + 1] (v[0] with itself where kN is 1), each tile's lanes halved; then the
+// levels below, down to one lane per tile (kPerTile lanes a tile now).
+template <int kN, int kPerTile, class V, class Idx>
+inline void tile_tree(V* v, Idx idx) {
+  if constexpr (kPerTile > 1) {
+#pragma GCC unroll 16
+    for (int j = 0; j < (kN + 1) / 2; ++j) {
+      const V a = v[2 * j], b = kN > 1 ? v[2 * j + 1] : v[2 * j];
+      const V e = evens(a, b, idx), o = odds(a, b, idx);
+      v[j] = e > o ? e : o;
+    }
+    tile_tree<(kN + 1) / 2, kPerTile / 2>(v, idx);
+  }
+}
+
 // The amax (f32 bits) of each kTC-column tile of a whole unit (kUnitCols columns) of
 // `rows` rows (x at its first element, rows `ld` apart) in registers: the rows' magnitudes
 // reduced vector by vector, then a tree of maxes of deinterleaved vector pairs (each level
@@ -84,26 +100,28 @@ void unit_tile_amax(const typename In::T* x, int64_t ld, int64_t rows, uint32_t*
   using M = typename Mag<In>::M;
   using V = Vec<M>;
   constexpr int kLanes = kVecBytes / sizeof(M), kVecs = cpu::kUnitCols / kLanes;
-  constexpr auto kIdx = std::make_index_sequence<kLanes>{};
+  // Lines 8 KiB ahead (the next batch of units) asked for early: the hardware prefetcher
+  // alone leaves this, the first pass over x, waiting on memory.
+  constexpr int64_t kAhead = 8192 / int64_t(sizeof(typename In::T));
+  const M mask = M(sizeof(M) == 2 ? 0x7FFFu : kF32Abs);
   V v[kVecs];
-  for (int i = 0; i < kVecs; ++i) v[i] = V{} ;
-  for (int64_t r = 0; r < rows; ++r) {
+#pragma GCC unroll 64
+  for (int i = 0; i < kVecs; ++i) {
+    if (i % (64 / kVecBytes) == 0) __builtin_prefetch(x + i * kLanes + kAhead);
+    std::memcpy(&v[i], x + i * kLanes, kVecBytes);
+    v[i] &= mask;
+  }
+  for (int64_t r = 1; r < rows; ++r) {
+#pragma GCC unroll 64
     for (int i = 0; i < kVecs; ++i) {
+      if (i % (64 / kVecBytes) == 0) __builtin_prefetch(x + r * ld + i * kLanes + kAhead);
       V a;
       std::memcpy(&a, x + r * ld + i * kLanes, kVecBytes);
-      a &= M(sizeof(M) == 2 ? 0x7FFFu : kF32Abs);
+      a &= mask;
       v[i] = v[i] > a ? v[i] : a;
     }
   }
-  int n = kVecs;
-  for (int per_tile = kTC; per_tile > 1; per_tile /= 2) {
-    for (int j = 0; j < (n + 1) / 2; ++j) {
-      const V a = v[2 * j], b = n > 1 ? v[2 * j + 1] : v[2 * j];
-      const V e = evens(a, b, kIdx), o = odds(a, b, kIdx);
-      v[j] = e > o ? e : o;
-    }
-    n = (n + 1) / 2;
-  }
+  tile_tree<kVecs, kTC>(v, std::make_index_sequence<kLanes>{});
   constexpr int kTiles = cpu::kUnitCols / kTC;
   M out[kVecs * kLanes];
   std::memcpy(out, v, sizeof(V) * ((kTiles + kLanes - 1) / kLanes));

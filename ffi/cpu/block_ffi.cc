@@ -170,6 +170,7 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
       !e.success()) {
     return ready_future(e);
   }
+  p.stream = int64_t(x.size_bytes()) >= kStreamMinBytes;
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); },
                    p.tensor_scale != 0);
@@ -197,6 +198,7 @@ ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
   row.batch = 1;  // [batch, m, k] in 1 x b tiles
   for (int64_t i = 0; i < rank - 2; ++i) row.batch *= dims[i];
   row.rows = dims[rank - 2];
+  row.stream = int64_t(x.size_bytes()) >= kStreamMinBytes;
   BlockProblem& col = pair.col;
   col = row;
   col.tile_rows = block_cols, col.tile_cols = 1, col.pack_rows = true;

@@ -1,20 +1,28 @@
 // The block-scaled kernels (NVFP4, FP8 blocks, 2-D MX, stochastic rounding) for one SIMD
-// level: CMake compiles this file once per level, like kernels.cc, and the element loops
-// below are written for the compiler to vectorize at that level's width (one codec,
-// ffi/include/mxjax/block_codec.h, no per-ISA code).
+// level: CMake compiles this file once per level, like kernels.cc. One codec,
+// ffi/include/mxjax/block_codec.h; the element loops are written for the compiler to
+// vectorize at the level's width.
 //
-// A work unit is a run of whole tiles of one tile row: its block amaxes are reduced (in the
-// input's own width), its tiles' scales made (E4M3: one vector loop in f32 where
-// block_codec.h's e4m3_block_scale_f32 proves it exact, else block by block through Sig),
-// then every element is encoded with its tile's multiplier (one f32 multiply where the
-// block's scales allow it, the exact Sig arithmetic otherwise) and its code written into its
+// Work units (runs of whole tiles of one tile row) go in batches of consecutive ones: their
+// block amaxes (amax_tiles.h), then all their scales in one loop (E4M3 and FP32: f32
+// arithmetic where block_codec.h's checks prove it exact, else block by block through
+// Sig), then each unit's codes: every element encoded with its tile's multiplier (one f32
+// multiply where the scales allow, the exact Sig arithmetic otherwise) and written into its
 // packing group (kernels.h's layout) in the same loop; fake_quantize decodes in registers
 // instead. Dequantize reads the packed codes group by group the same way.
+//
+// AVX-512 only (MXJAX_FP4_THRESHOLDS): FP4 codes of bf16 under byte scales come from
+// per-scale-byte thresholds in 16-bit lanes, and their values (dequantize) from per-byte
+// tables, both made by the codec (see there).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+#if defined(__AVX512BW__)
+#include <immintrin.h>  // _mm_stream_si128, _mm_sfence
+#endif
 
 #include "amax.h"
 #include "amax_tiles.h"
@@ -165,6 +173,17 @@ MXJAX_HD uint32_t code_of(uint32_t x, uint32_t r, float mf, uint32_t msig, int32
   }
 }
 
+// The value of a code under decode scale j (tsf / ts: the tensor scale, see unpack_run).
+template <class F, bool kFast>
+MXJAX_HD uint32_t value_of(uint32_t code, float df, uint32_t dsig, int32_t dexp, float tsf,
+                           Sig ts) {
+  if constexpr (kFast) {
+    return as_bits(as_float(grid_value_bits<F>(code)) * df / tsf);
+  } else {
+    return block_decode<F>(code, Sig{dsig, dexp}, ts);
+  }
+}
+
 // Packed codes of the first `groups` whole groups of a run of a row (x and rand from its
 // first element, a group's first; group g at out + g * group_bytes), under tile j = g
 // (kPerGroup) or 0. Restrict-qualified parameters let the compiler vectorize without
@@ -288,10 +307,16 @@ __attribute__((noinline)) void fake_run(
 #define MXJAX_FP4_THRESHOLDS 1
 
 // A tile's row: [0] the sign's keep mask (8; 0 in a NaN / Inf block), [k] T[k], k = 1..7.
+// Rows by scale byte, made as they are needed, valid for one problem (its F, scale kind and
+// tensor scale).
 struct ThresholdRows {
   uint16_t row[256][8];
   bool ready[256] = {};
+  bool all = false;  // every row a fast tile can use is made
 };
+#endif
+
+#ifdef MXJAX_FP4_THRESHOLDS
 
 // The row of a tile whose elements take the f32 path with multiplier m; `special`: a NaN /
 // Inf block (no threshold is reached, the sign is dropped).
@@ -309,23 +334,55 @@ void threshold_row(float m, bool special, uint16_t* row) {
   }
 }
 
+// The rows of every scale byte whose tiles can take the f32 path (the others' tiles never
+// reach the thresholds): E4M3 under p's tensor scale s, m = s / d as e4m3_block_scale_f32
+// makes it (code 0: m 0); E8M0, m = 2^(127 - byte); NaN bytes special.
+template <class F>
+void all_threshold_rows(const BlockProblem& p, ThresholdRows& rows) {
+  if (p.scale == kScaleE4M3) {
+    const float s = as_float(p.tensor_scale ? p.tensor_scale : 0x3F800000u);
+    for (uint32_t b = 0; b < 0x7F; ++b) {
+      threshold_row<F>(b == 0 ? 0.0f : s / as_float(grid_value_bits<E4M3>(b)), false, rows.row[b]);
+    }
+    threshold_row<F>(0.0f, true, rows.row[0x7F]);
+  } else {
+    for (uint32_t b = 0; b <= 253; ++b) threshold_row<F>(as_float((254u - b) << 23), false, rows.row[b]);
+    threshold_row<F>(0.0f, true, rows.row[kE8M0NaN]);
+  }
+  rows.all = true;
+}
+
+// Chunks of at least this many tiles make all their rows first (all_threshold_rows).
+constexpr int64_t kEagerTiles = 32768;
+
 typedef uint16_t ThrV __attribute__((vector_size(64)));
+typedef uint16_t ThrH __attribute__((vector_size(16)));
+typedef uint16_t ThrQ __attribute__((vector_size(32)));
 typedef uint32_t ThrW __attribute__((vector_size(64)));
 typedef uint8_t ThrB __attribute__((vector_size(16)));
 
-// Packed FP4 codes of `vecs` runs of 32 bf16 x (32 / kTC tiles each; their rows at `rows`,
-// 8 words a tile, 64 bytes readable from each run's first) into 16 bytes each.
-template <int kTC>
+// Packed FP4 codes of `vecs` runs of 32 bf16 x (32 / kTC tiles each, tile j's row that of
+// its scale byte bytes[j] in `rows`) into 16 bytes each; kStream: streaming stores (out
+// 16-byte aligned; stream.h's reason).
+template <int kTC, bool kStream>
 __attribute__((noinline)) void fp4_threshold_run(int64_t vecs, const uint16_t* __restrict x,
-                                                 const uint16_t* __restrict rows,
+                                                 const uint8_t* __restrict bytes,
+                                                 const ThresholdRows& rows,
                                                  uint8_t* __restrict out) {
   ThrV off;  // each lane's tile's first word in the vector of rows
   for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
 #pragma GCC unroll 4
   for (int64_t v = 0; v < vecs; ++v) {
-    ThrV xv, tt;
+    ThrV xv;
     std::memcpy(&xv, x + 32 * v, 64);
-    std::memcpy(&tt, rows + 32 / kTC * 8 * v, 64);
+    ThrH ra, rb;  // the rows of the vector's tiles (kTC 32: one, twice)
+    std::memcpy(&ra, rows.row[bytes[32 / kTC * v]], 16);
+    std::memcpy(&rb, rows.row[bytes[32 / kTC * v + (kTC == 16)]], 16);
+    const ThrQ rab = __builtin_shufflevector(ra, rb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                             13, 14, 15);
+    const ThrV tt = __builtin_shufflevector(rab, rab, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                            12, 13, 14, 15);
     const ThrV a = xv & 0x7FFF;
     ThrV c = off;  // + the code found so far: T[c + 4], then T[c + 2], T[c + 1]
     c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
@@ -335,11 +392,126 @@ __attribute__((noinline)) void fp4_threshold_run(int64_t vecs, const uint16_t* _
     ThrW w;  // two codes a 32-bit lane: low nibble first
     std::memcpy(&w, &code, 64);
     w |= w >> 12;
-    const ThrB bytes = __builtin_convertvector(w, ThrB);
-    std::memcpy(out + 16 * v, &bytes, 16);
+    const ThrB packed = __builtin_convertvector(w, ThrB);
+    if constexpr (kStream) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + 16 * v), __m128i(packed));
+    } else {
+      std::memcpy(out + 16 * v, &packed, 16);
+    }
+  }
+}
+
+// fp4_threshold_run, streaming where asked and out allows.
+template <int kTC>
+void fp4_threshold_runs(bool stream, int64_t vecs, const uint16_t* x, const uint8_t* bytes,
+                        const ThresholdRows& rows, uint8_t* out) {
+  if (stream && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    fp4_threshold_run<kTC, true>(vecs, x, bytes, rows, out);
+  } else {
+    fp4_threshold_run<kTC, false>(vecs, x, bytes, rows, out);
+  }
+}
+
+// Dequantize's twin: a tile's 16 FP4 codes decode to 16 f32 values (a row, made by the
+// codec: block_decode or its f32 path, NaN in a NaN block), the same for every tile of a
+// scale byte; each code then picks its value with one 32-bit permute.
+struct ValueRows {
+  uint32_t row[256][16];
+  bool ready[256] = {};
+};
+
+typedef uint32_t ValW __attribute__((vector_size(64)));
+typedef uint8_t ValB __attribute__((vector_size(16)));
+
+// f32 values of `vecs` runs of 32 packed FP4 codes (16 bytes each; 32 / kTC tiles, their
+// rows at `rows`, 16 values a tile) into 32 floats each.
+template <int kTC>
+__attribute__((noinline)) void fp4_value_run(int64_t vecs, const uint8_t* __restrict in,
+                                             const uint32_t* __restrict rows,
+                                             float* __restrict out) {
+#pragma GCC unroll 2
+  for (int64_t v = 0; v < vecs; ++v) {
+    ValB b;
+    std::memcpy(&b, in + 16 * v, 16);
+    const ValW w = __builtin_convertvector(b, ValW), lo = w & 15, hi = w >> 4;
+    const ValW c0 = __builtin_shufflevector(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
+                                            6, 22, 7, 23);
+    const ValW c1 = __builtin_shufflevector(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
+                                            29, 14, 30, 15, 31);
+    ValW r0, r1;
+    std::memcpy(&r0, rows + 32 / kTC * 16 * v, 64);
+    std::memcpy(&r1, rows + 32 / kTC * 16 * v + (kTC == 16 ? 16 : 0), 64);
+    const ValW o0 = __builtin_shuffle(r0, c0), o1 = __builtin_shuffle(r1, c1);
+    std::memcpy(out + 32 * v, &o0, 64);
+    std::memcpy(out + 32 * v + 16, &o1, 64);
+  }
+}
+
+// The values of every scale byte whose tiles decode on the f32 path, no tensor scale
+// applied (fake_quantize): d = the byte's E4M3 value or 2^(byte - 127); NaN bytes NaN.
+template <class F>
+void all_value_rows(const BlockProblem& p, ValueRows& rows) {
+  const bool e4m3 = p.scale == kScaleE4M3;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool nan = e4m3 ? b == 0x7F : b == kE8M0NaN;
+    const float d = e4m3 ? as_float(grid_value_bits<E4M3>(b & 0x7F)) : as_float(b << 23);
+    for (uint32_t c = 0; c < 16; ++c) {
+      rows.row[b][c] = nan ? kF32QNaN : value_of<F, true>(c, d, 0, 0, 1.0f, Sig{0, 0});
+    }
+  }
+}
+
+// fake_quantize of `vecs` runs of 32 bf16 x: their codes by thresholds (as
+// fp4_threshold_run), their values by the rows of values (as fp4_value_run), f32 out.
+template <int kTC>
+__attribute__((noinline)) void fp4_fake_run(int64_t vecs, const uint16_t* __restrict x,
+                                            const uint8_t* __restrict bytes,
+                                            const ThresholdRows& thresholds,
+                                            const ValueRows& values, float* __restrict out) {
+  ThrV off;
+  for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
+#pragma GCC unroll 2
+  for (int64_t v = 0; v < vecs; ++v) {
+    ThrV xv;
+    std::memcpy(&xv, x + 32 * v, 64);
+    const uint8_t ba = bytes[32 / kTC * v], bb = bytes[32 / kTC * v + (kTC == 16)];
+    ThrH ra, rb;
+    std::memcpy(&ra, thresholds.row[ba], 16);
+    std::memcpy(&rb, thresholds.row[bb], 16);
+    const ThrQ rab = __builtin_shufflevector(ra, rb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                             13, 14, 15);
+    const ThrV tt = __builtin_shufflevector(rab, rab, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                            12, 13, 14, 15);
+    const ThrV a = xv & 0x7FFF;
+    ThrV c = off;
+    c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
+    c = a >= __builtin_shuffle(tt, c + 2) ? c + 2 : c;
+    c = a >= __builtin_shuffle(tt, c + 1) ? c + 1 : c;
+    const ThrV code = (c & 7) | ((xv >> 12) & __builtin_shuffle(tt, off));
+    const ThrQ lo = __builtin_shufflevector(code, code, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                            12, 13, 14, 15);
+    const ThrQ hi = __builtin_shufflevector(code, code, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                                            26, 27, 28, 29, 30, 31);
+    ValW va, vb;
+    std::memcpy(&va, values.row[ba], 64);
+    std::memcpy(&vb, values.row[bb], 64);
+    const ValW o0 = __builtin_shuffle(va, __builtin_convertvector(lo, ValW));
+    const ValW o1 = __builtin_shuffle(vb, __builtin_convertvector(hi, ValW));
+    std::memcpy(out + 32 * v, &o0, 64);
+    std::memcpy(out + 32 * v + 16, &o1, 64);
   }
 }
 #endif
+
+// What the calls of one chunk of work share (quantize_2x's many calls: the row and column
+// problems' byte scales decode alike).
+struct Shared {
+#ifdef MXJAX_FP4_THRESHOLDS
+  ThresholdRows thresholds;
+  ValueRows values;  // dequantize
+#endif
+};
 
 // Walks units from one on, their spans and first scales' indices, without dividing.
 struct UnitIter {
@@ -353,8 +525,13 @@ struct UnitIter {
     i = bi % nr, b = bi / nr;
   }
   Span span() const {
-    return {i, i * p.tile_rows, min64(p.rows, (i + 1) * p.tile_rows), cc * w,
-            min64(p.cols, (cc + 1) * w), b};
+    Span s;
+    fill(s);
+    return s;
+  }
+  void fill(Span& s) const {  // field by field (a whole-struct copy stalls on forwarding)
+    s.tile_row = i, s.r0 = i * p.tile_rows, s.r1 = min64(p.rows, (i + 1) * p.tile_rows);
+    s.c0 = cc * w, s.c1 = min64(p.cols, (cc + 1) * w), s.b = b;
   }
   int64_t scale_index() const { return (b * nr + i) * nc + cc * (w / p.tile_cols); }
   void next() {
@@ -373,7 +550,7 @@ constexpr int kMaxBatch = 8;
 // narrow tiles, whose amaxes reduce in registers; 0: p.tile_cols). Units go in batches of
 // consecutive ones: amaxes, then all their scales, then each unit's codes.
 template <class F, class In, bool kSR, bool kFake, int kTC>
-void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
+void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& shared) {
   using T = typename In::T;
   constexpr int kG = F::group_codes, kB = F::group_bytes;
   const T* x = static_cast<const T*>(p.x);
@@ -388,19 +565,29 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   UnitIter it(p, begin);
 #ifdef MXJAX_FP4_THRESHOLDS
   constexpr bool kThresholds = std::is_same_v<F, E2M1> && std::is_same_v<In, BF16> && !kSR &&
-                               !kFake && (kTC == 16 || kTC == 32);
+                               (kTC == 16 || kTC == 32);
   const bool thresholds = kThresholds && (p.scale == kScaleE4M3 || p.scale == kScaleE8M0);
-  ThresholdRows cache;
-  uint16_t urows[cpu::kUnitCols / 16 + 4][8], brows[kMaxUnitTiles + 4][8];
+  ThresholdRows& cache = shared.thresholds;
+  // Large chunks make every byte's row first (about 50K cycles) rather than look each tile's
+  // up (about 1.4 cycles a tile).
+  const bool eager = thresholds && !cache.all &&
+                     (end - begin) * (cpu::unit_cols(p) / tc) >=
+                         kEagerTiles;
+  if (eager) {
+    all_threshold_rows<F>(p, cache);
+    if (kFake) all_value_rows<F>(p, shared.values);
+  }
+
 #endif
   for (int64_t u = begin; u < end;) {
     int nb = 0;
     first[0] = 0;
     for (; u < end && nb < kMaxBatch; ++u, ++nb, it.next()) {
-      const Span s = it.span();
+      Span& s = spans[nb];
+      it.fill(s);
       const int64_t tiles = ceil_div(s.c1 - s.c0, tc);
       if (nb > 0 && first[nb] + tiles > kMaxUnitTiles) break;
-      spans[nb] = s, sidx[nb] = it.scale_index(), first[nb + 1] = first[nb] + tiles;
+      sidx[nb] = it.scale_index(), first[nb + 1] = first[nb] + tiles;
       bool whole = false;  // a whole unit of narrow tiles: reduced in registers
       if constexpr (kTC > 1) {
         whole = s.c1 - s.c0 == cpu::kUnitCols;
@@ -418,7 +605,7 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 #ifdef MXJAX_FP4_THRESHOLDS
     // Rows of whole units end to end (1-D blocks, rows a multiple of kUnitCols): one run
     // of thresholds over the batch.
-    bool run = kThresholds && thresholds && batch_fast && p.tile_rows == 1;
+    bool run = kThresholds && !kFake && thresholds && batch_fast && p.tile_rows == 1;
     for (int k = 0; run && k < nb; ++k) {
       const Span& s = spans[k];
       run = s.c1 - s.c0 == cpu::kUnitCols &&
@@ -429,19 +616,17 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     }
     if (run) {
       uint8_t* scales = static_cast<uint8_t*>(p.scales) + sidx[0];
-      for (int64_t j = 0; j < first[nb]; ++j) {
-        const uint32_t byte = t.stored[j] & 0xFF;
-        if (!cache.ready[byte]) {
-          threshold_row<F>(t.mf[j], t.special[j] != 0, cache.row[byte]);
-          cache.ready[byte] = true;
+      for (int64_t j = 0; j < first[nb]; ++j) scales[j] = uint8_t(t.stored[j]);
+      for (int64_t j = 0; !cache.all && j < first[nb]; ++j) {
+        if (!cache.ready[scales[j]]) {
+          threshold_row<F>(t.mf[j], t.special[j] != 0, cache.row[scales[j]]);
+          cache.ready[scales[j]] = true;
         }
-        std::memcpy(brows[j], cache.row[byte], 16);
-        scales[j] = uint8_t(byte);
       }
       const Span& s = spans[0];
-      fp4_threshold_run<kTC>(nb * (cpu::kUnitCols / 32),
+      fp4_threshold_runs<kTC>(p.stream, nb * (cpu::kUnitCols / 32),
                              reinterpret_cast<const uint16_t*>(x + (s.b * p.rows + s.r0) * p.cols + s.c0),
-                             brows[0], p.codes + packed_offset<F>(p, s.b, s.r0, s.c0));
+                             scales, cache, p.codes + packed_offset<F>(p, s.b, s.r0, s.c0));
       continue;
     }
 #endif
@@ -473,19 +658,38 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
       const bool spread = all_fast && tc > 1 && tc <= 32 && tc % per == 0 && width <= cpu::kUnitCols;
 #ifdef MXJAX_FP4_THRESHOLDS
       const bool by_thresholds = thresholds && spread && width == cpu::kUnitCols;
-      if (by_thresholds) {  // the unit's rows of thresholds, in tile order
+      if (kFake && by_thresholds) {  // codes by thresholds, values by rows of values
+        uint8_t bytes[cpu::kUnitCols / 16];
         for (int64_t j = 0; j < tiles; ++j) {
-          const uint32_t byte = t.stored[j0 + j] & 0xFF;
-          if (!cache.ready[byte]) {
-            threshold_row<F>(mf[j], special[j] != 0, cache.row[byte]);
-            cache.ready[byte] = true;
+          const uint32_t b = bytes[j] = uint8_t(t.stored[j0 + j]);
+          if (cache.all || cache.ready[b]) continue;
+          threshold_row<F>(mf[j], special[j] != 0, cache.row[b]);
+          for (uint32_t c = 0; c < 16; ++c) {
+            shared.values.row[b][c] =
+                special[j] ? kF32QNaN : value_of<F, true>(c, df[j], 0, 0, 1.0f, Sig{0, 0});
           }
-          std::memcpy(urows[j], cache.row[byte], 16);
+          cache.ready[b] = true;
         }
         for (int64_t r = s.r0; r < s.r1; ++r) {
           const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
-          fp4_threshold_run<kTC>(width / 32, reinterpret_cast<const uint16_t*>(x + start),
-                                 urows[0], p.codes + packed_offset<F>(p, s.b, r, s.c0));
+          fp4_fake_run<kTC>(width / 32, reinterpret_cast<const uint16_t*>(x + start), bytes,
+                            cache, shared.values, p.out + start);
+        }
+        continue;
+      }
+      if (!kFake && by_thresholds) {  // the unit's scale bytes pick its tiles' rows
+        const uint8_t* bytes = static_cast<const uint8_t*>(p.scales) + sidx[k];
+        for (int64_t j = 0; !cache.all && j < tiles; ++j) {
+          if (!cache.ready[bytes[j]]) {
+            threshold_row<F>(mf[j], special[j] != 0, cache.row[bytes[j]]);
+            cache.ready[bytes[j]] = true;
+          }
+        }
+        for (int64_t r = s.r0; r < s.r1; ++r) {
+          const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
+          fp4_threshold_runs<kTC>(p.stream, width / 32,
+                                  reinterpret_cast<const uint16_t*>(x + start), bytes, cache,
+                                  p.codes + packed_offset<F>(p, s.b, r, s.c0));
         }
         continue;
       }
@@ -605,17 +809,6 @@ struct DecodeTiles {
   bool fast[kMaxUnitTiles];
 };
 
-// The value of a code under decode scale j (tsf / ts: the tensor scale, see unpack_run).
-template <class F, bool kFast>
-MXJAX_HD uint32_t value_of(uint32_t code, float df, uint32_t dsig, int32_t dexp, float tsf,
-                           Sig ts) {
-  if constexpr (kFast) {
-    return as_bits(as_float(grid_value_bits<F>(code)) * df / tsf);
-  } else {
-    return block_decode<F>(code, Sig{dsig, dexp}, ts);
-  }
-}
-
 // f32 values of the first `groups` whole groups of packed codes (group g at in + g *
 // group_bytes; its values at out + g * group_codes) under decode scale j = g (kPerGroup) or
 // 0, divided by the tensor scale ts where it is nonzero (tsf: its f32, else 1).
@@ -679,6 +872,14 @@ void unpack_scalar(int64_t begin, int64_t end, int64_t tc, const uint8_t* in, fl
 template <class F>
 void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   constexpr int kG = F::group_codes, kB = F::group_bytes;
+#ifdef MXJAX_FP4_THRESHOLDS
+  Shared shared;
+  ValueRows& cache = shared.values;
+  uint32_t urows[cpu::kUnitCols / 16 + 1][16];
+  const bool by_values = std::is_same_v<F, E2M1> && !p.pack_rows &&
+                         (p.scale == kScaleE4M3 || p.scale == kScaleE8M0) &&
+                         (p.tile_cols == 16 || p.tile_cols == 32);
+#endif
   const Sig ts =
       p.apply_tensor_scale && p.tensor_scale ? sig_of_bits(p.tensor_scale) : Sig{0, 0};
   const float tsf = ts.sig ? as_float(p.tensor_scale) : 1.0f;  // exact (f32_value: normals only)
@@ -692,8 +893,8 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     const Span s = it.span();
     const int64_t width = s.c1 - s.c0, tiles = ceil_div(width, tc);
     const int64_t si = it.scale_index();
-    bool all_fast = true;
-    for (int64_t j = 0; j < tiles; ++j) {
+    // Tile j's decode scale, NaN flag and path (t's entries j).
+    auto decode_scale = [&](int64_t j) {
       const uint32_t stored = p.scale >= kScaleFP32
                                   ? static_cast<const uint32_t*>(p.in_scales)[si + j]
                                   : static_cast<const uint8_t*>(p.in_scales)[si + j];
@@ -702,8 +903,39 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
       t.nan[j] = is_nan;
       t.dsig[j] = d.sig, t.dexp[j] = d.exp, t.df[j] = f32_value(d);
       t.fast[j] = fast_decode<F>(d, ts);
-      all_fast = all_fast && t.fast[j];
+      return t.fast[j];
+    };
+#ifdef MXJAX_FP4_THRESHOLDS
+    if (by_values && width == cpu::kUnitCols) {  // the unit's rows of values, in tile order
+      for (int64_t j = 0; j < tiles; ++j) {
+        const uint32_t byte = static_cast<const uint8_t*>(p.in_scales)[si + j];
+        if (!cache.ready[byte]) {
+          decode_scale(j);
+          for (uint32_t c = 0; c < 16; ++c) {
+            cache.row[byte][c] =
+                t.nan[j]    ? kF32QNaN
+                : t.fast[j] ? value_of<F, true>(c, t.df[j], 0, 0, tsf, ts)
+                            : value_of<F, false>(c, 0, t.dsig[j], t.dexp[j], tsf, ts);
+          }
+          cache.ready[byte] = true;
+        }
+        std::memcpy(urows[j], cache.row[byte], 64);
+      }
+      for (int64_t r = s.r0; r < s.r1; ++r) {
+        const int64_t off = (s.b * p.rows + r) * p.cols + s.c0;
+        if (p.tile_cols == 16) {
+          fp4_value_run<16>(width / 32, p.in_codes + packed_offset<F>(p, s.b, r, s.c0),
+                            urows[0], p.out + off);
+        } else {
+          fp4_value_run<32>(width / 32, p.in_codes + packed_offset<F>(p, s.b, r, s.c0),
+                            urows[0], p.out + off);
+        }
+      }
+      continue;
     }
+#endif
+    bool all_fast = true;
+    for (int64_t j = 0; j < tiles; ++j) all_fast = decode_scale(j) && all_fast;
     if (p.pack_rows) {
       for (int64_t r = s.r0; r < s.r1; ++r) {
         const uint8_t* in = p.in_codes + packed_offset<F>(p, s.b, r, s.c0);
@@ -758,7 +990,7 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
 }
 
 template <bool kFake>
-void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end) {
+void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end, Shared& shared) {
   with_format(p.format, [&](auto f) {
     using F = decltype(f);
     auto run = [&](auto in) {
@@ -766,9 +998,9 @@ void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end) {
       auto width = [&](auto sr) {
         constexpr bool kSR = decltype(sr)::value;
         switch (p.tile_cols) {
-          case 16: return quantize_units<F, In, kSR, kFake, 16>(p, begin, end);
-          case 32: return quantize_units<F, In, kSR, kFake, 32>(p, begin, end);
-          default: return quantize_units<F, In, kSR, kFake, 0>(p, begin, end);
+          case 16: return quantize_units<F, In, kSR, kFake, 16>(p, begin, end, shared);
+          case 32: return quantize_units<F, In, kSR, kFake, 32>(p, begin, end, shared);
+          default: return quantize_units<F, In, kSR, kFake, 0>(p, begin, end, shared);
         }
       };
       if (p.rand) {
@@ -785,26 +1017,38 @@ void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end) {
   });
 }
 
+// Orders a chunk's streaming stores before its completion is signalled.
+void stream_fence(const BlockProblem& p) {
+#ifdef MXJAX_FP4_THRESHOLDS
+  if (p.stream) _mm_sfence();
+#endif
+}
+
 void quantize(const BlockProblem& p, int64_t begin, int64_t end) {
-  quantize_dispatch<false>(p, begin, end);
+  Shared shared;
+  quantize_dispatch<false>(p, begin, end, shared);
+  stream_fence(p);
 }
 
 void fake_quantize(const BlockProblem& p, int64_t begin, int64_t end) {
-  quantize_dispatch<true>(p, begin, end);
+  Shared shared;
+  quantize_dispatch<true>(p, begin, end, shared);
 }
 
 // A band of b rows at a time: each unit quantizes its band's columns, then the band's rows
 // while they are in cache (one pass over x in memory).
 void quantize_2x(const cpu::BlockPair& p, int64_t begin, int64_t end) {
   const int64_t ncc = ceil_div(p.col.cols, cpu::unit_cols(p.col));
+  Shared shared;
   for (int64_t u = begin; u < end; ++u) {
-    quantize(p.col, u, u + 1);
+    quantize_dispatch<false>(p.col, u, u + 1, shared);
     const Span s = span_of(p.col, u);
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const int64_t row_unit = (s.b * p.row.rows + r) * ncc + u % ncc;
-      quantize(p.row, row_unit, row_unit + 1);
+      quantize_dispatch<false>(p.row, row_unit, row_unit + 1, shared);
     }
   }
+  stream_fence(p.row);
 }
 
 void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {

@@ -83,6 +83,7 @@ struct BlockProblem {
   int32_t format, scale, mode;
   int64_t tile_rows, tile_cols, batch, rows, cols;
   bool pack_rows;         // codes packed along the rows (else along the columns)
+  bool stream;            // quantize: codes with streaming stores where a path can
   uint32_t tensor_scale;  // f32 bits of the FP32 tensor scale; 0 where there is none
   const void* x;          // quantize / fake_quantize: bf16, f16 or f32 (dtype)
   int32_t dtype;
