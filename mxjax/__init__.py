@@ -4,25 +4,26 @@ Quantize kernels on the XLA FFI (CPU, CUDA), a block-scaled `dot_general` with a
 VJP, recipes chosen with `autocast`, functional recipe state and Flax modules.
 """
 
-from mxjax.formats import BLOCK_SIZES, ElementFormat, ScaleMode, element_format
-from mxjax.mxarray import MXArray
-from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x
-from mxjax.dot import dot_general, matmul
-from mxjax.einsum import einsum
-from mxjax.ragged import ragged_dot
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+from mxjax._src.formats import BLOCK_SIZES, ElementFormat, ScaleMode, element_format
+from mxjax._src.mxarray import MXArray
+from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x
+from mxjax._src.dot import dot_general, matmul
+from mxjax._src.einsum import einsum
+from mxjax._src.ragged import ragged_dot
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
-from mxjax.recipes import MXBlockScaling
-from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
-from mxjax.context import autocast, get_recipe, quantized_model_init
+from mxjax._src.recipes import MXBlockScaling
+from mxjax._src.block_recipes import Float8BlockScaling, NVFP4BlockScaling
+from mxjax._src.context import autocast, get_recipe, quantized_model_init
 from mxjax.state import describe
-from mxjax.memory import memory_report
-from mxjax.ptq import quantize_params
+from mxjax._src.memory import memory_report
+from mxjax._src.ptq import quantize_params
 from mxjax.linen import Dense, DenseGeneral, LayerNormDense, LayerNormMLP
-from mxjax.backend import backend_info, set_kernels
-from mxjax.interception import quantized
-from mxjax.products import Coverage, Product, coverage
-from mxjax import fp8, linen, nnx, rules, state
+from mxjax._src.backend import backend_info, set_kernels
+from mxjax._src.interception import quantized
+from mxjax._src.products import Coverage, Product, coverage
+from mxjax import linen, nnx, rules, state
+from mxjax._src import fp8
 
 __version__ = "0.1.0"
 

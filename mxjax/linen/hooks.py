@@ -9,7 +9,7 @@
 
 Flax makes a hook inside the layer that calls it, so the hook is that layer's child. A
 hook follows the recipe of the layer that owns it: its `recipe` attribute or else
-`mxjax.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
+`mxjax._src.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
 recipe it makes exactly the call Flax would have made (bit-identical results). A
 DelayedScaling state lives in the hook's own scope, in `state_collection`; stateless
 recipes add no variables, so the model's variables are those of the stock model.
@@ -23,10 +23,11 @@ import jax.numpy as jnp
 import flax.linen as nn
 from jax import lax
 
-from mxjax import context, products, state as state_lib
-from mxjax.einsum import einsum_as_dot_general, einsum_flops
+from mxjax._src import state as state_lib
+from mxjax._src import context, products
+from mxjax._src.einsum import einsum_as_dot_general, einsum_flops
 from mxjax.linen.modules import _STATE_NAME, project_with_state
-from mxjax.recipes import Recipe
+from mxjax._src.recipes import Recipe
 
 
 class _Hook(nn.Module):

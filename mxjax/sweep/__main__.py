@@ -75,7 +75,7 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from mxjax import linen as mxl
-from mxjax import rules as rules_lib
+from mxjax._src import rules as rules_lib
 from mxjax.sweep import checkpoint, corpus, formats, report, train
 from mxjax.sweep import model as model_lib
 
@@ -330,8 +330,8 @@ def _environment() -> dict:
              devices=[str(d) for d in jax.devices()], python=platform.python_version(),
              machine=platform.machine(), cpus=os.cpu_count())
   try:
-    from mxjax import _ffi
-    env["mxjax_ffi"] = _ffi.build_info()
+    from mxjax._src import extension
+    env["mxjax_ffi"] = extension.build_info()
   except Exception as e:  # noqa: BLE001 - informational only
     env["mxjax_ffi"] = f"unavailable: {type(e).__name__}"
   return env

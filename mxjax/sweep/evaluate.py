@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax import context, rules as rules_lib
-from mxjax.mxarray import MXArray
-from mxjax.ptq import quantize_params
+from mxjax._src import rules as rules_lib
+from mxjax._src import context
+from mxjax._src.mxarray import MXArray
+from mxjax._src.ptq import quantize_params
 from mxjax.sweep import checkpoint, corpus, formats, generate, train
 from mxjax.sweep import model as model_lib
 

@@ -18,10 +18,10 @@ from typing import Callable
 
 import jax
 
-from mxjax import block_ops
-from mxjax import formats as mx_formats
-from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
+from mxjax._src import block_ops
+from mxjax._src import formats as mx_formats
+from mxjax._src.block_recipes import Float8BlockScaling, NVFP4BlockScaling
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
                            MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
 from mxjax.sweep import baselines
 

@@ -19,10 +19,10 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from mxjax import rules as rules_lib
-from mxjax import state as state_lib
-from mxjax.context import autocast, layer_rules
-from mxjax.recipes import Recipe
+from mxjax._src import rules as rules_lib
+from mxjax._src import state as state_lib
+from mxjax._src.context import autocast, layer_rules
+from mxjax._src.recipes import Recipe
 from mxjax.sweep import formats as formats_lib
 from mxjax.sweep import model as model_lib
 
@@ -113,7 +113,7 @@ class Treatment:
       applied to the kernels before every forward pass (weight-only rows), or None.
     rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
       first matching rule says None stays in high precision, for the recipe (applied with
-      `mxjax.context.layer_rules`: the model's layers are mxjax's own, and its attention
+      `mxjax._src.context.layer_rules`: the model's layers are mxjax's own, and its attention
       products stay in high precision, as TransformerEngine keeps them) and for
       `weight_quantizer` alike; () reaches every GEMM.
   """

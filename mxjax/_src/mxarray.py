@@ -10,7 +10,7 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 
-from mxjax import _export_pytrees, formats
+from mxjax._src import export_pytrees, formats
 
 
 @jax.tree_util.register_dataclass
@@ -99,7 +99,7 @@ class MXArray:
 
   def dequantize(self, dtype=jnp.float32) -> jax.Array:
     """Decodes to a `dtype` array of shape `shape` (bf16, f16 or f32)."""
-    from mxjax.quantize import dequantize  # quantize.py builds on this file
+    from mxjax._src.quantize import dequantize  # quantize.py builds on this file
     return dequantize(self, dtype)
 
   def __array__(self, dtype=None, copy=None):
@@ -133,4 +133,4 @@ flax.serialization.register_serialization_state(
         target, data=flax.serialization.from_state_dict(target.data, state["data"]),
         scales=flax.serialization.from_state_dict(target.scales, state["scales"])))
 # jax.export's route (an exported function that takes or returns MXArrays).
-_export_pytrees.register(MXArray, "MXArray")
+export_pytrees.register(MXArray, "MXArray")

@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mxjax import context, formats, rules as rules_lib
-from mxjax.mxarray import MXArray
-from mxjax.quantize import quantize
-from mxjax.recipes import Recipe
+from mxjax._src import rules as rules_lib
+from mxjax._src import context, formats
+from mxjax._src.mxarray import MXArray
+from mxjax._src.quantize import quantize
+from mxjax._src.recipes import Recipe
 
 
 def _key_name(k) -> str:

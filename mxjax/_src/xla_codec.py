@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import formats
+from mxjax._src import formats
 
 _U32 = jnp.uint32
 _I32 = jnp.int32

@@ -39,7 +39,7 @@ import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax.mxarray import MXArray
+from mxjax._src.mxarray import MXArray
 
 
 #: What a blockwise call maps: x to (data, scales) pairs, a pair to x, or x to x.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mxjax import formats
+from mxjax._src import formats
 
 
 class ScaleFormat(str, enum.Enum):

@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import formats, products, state as state_lib
-from mxjax.quantize import _no_derivative
-from mxjax.recipes import Recipe
+from mxjax._src import state as state_lib
+from mxjax._src import formats, products
+from mxjax._src.quantize import _no_derivative
+from mxjax._src.recipes import Recipe
 
 _FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 
@@ -76,7 +77,7 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
     amaxes (for a forward-only state update; not differentiable).
   """
   if not recipe.fp8():
-    raise ValueError(f"mxjax.fp8.dot_general needs a per-tensor FP8 recipe, got {recipe}")
+    raise ValueError(f"mxjax._src.fp8.dot_general needs a per-tensor FP8 recipe, got {recipe}")
   if recipe.delayed() and not tensors:
     raise ValueError("DelayedScaling needs the recipe state's tensors (mxjax.state.init)")
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import formats, products
-from mxjax.quantize import fake_quantize
+from mxjax._src import formats, products
+from mxjax._src.quantize import fake_quantize
 
 _RAGGED_CONTRACTING = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,),

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mxjax.mxarray import MXArray
+from mxjax._src.mxarray import MXArray
 
 
 @dataclasses.dataclass(frozen=True)

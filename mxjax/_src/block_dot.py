@@ -28,15 +28,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import block_codec, block_ops, contraction, formats, products
-from mxjax.block_recipes import BlockRoles
+from mxjax._src import block_codec, block_ops, contraction, formats, products
+from mxjax._src.block_recipes import BlockRoles
 
 _MISSING_KEY = (
     "{where}: stochastic rounding (recipe {recipe}) needs a random key for the backward "
     "pass. Linen: apply the model with rngs={{'mx': key}} (a new key each step, e.g. "
     "jax.random.fold_in(key, step)); mxjax.nnx modules: give them an nnx.Rngs with an 'mx' "
     "stream; mxjax.quantized(fn) and mxjax.nnx.quantize(model): call them with mx_rng=key; "
-    "mxjax.block_dot.dot_general: pass rng=key. Or turn stochastic rounding off.")
+    "mxjax._src.block_dot.dot_general: pass rng=key. Or turn stochastic rounding off.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ def dot_general(lhs, rhs, dimension_numbers, roles: BlockRoles, *, rng=None, whe
   (lc, rc), (lb, rb) = dimension_numbers
   for name, x in (("lhs", lhs), ("rhs", rhs)):
     if jnp.dtype(x.dtype) not in formats.HIGH_PRECISION_DTYPES:
-      raise TypeError(f"mxjax.block_dot.dot_general needs bfloat16, float16 or float32 "
+      raise TypeError(f"mxjax._src.block_dot.dot_general needs bfloat16, float16 or float32 "
                       f"arrays; {name} is {jnp.dtype(x.dtype).name}")
   lhs_l = contraction.layout(lhs.shape, lc, lb, "lhs", contract_first=False)
   rhs_l = contraction.layout(rhs.shape, rc, rb, "rhs", contract_first=True)

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax import _ffi, backend, formats, sharding, xla_codec
-from mxjax.mxarray import MXArray
-from mxjax.sharding import blockwise_partitioned
+from mxjax._src import extension, backend, formats, sharding, xla_codec
+from mxjax._src.mxarray import MXArray
+from mxjax._src.sharding import blockwise_partitioned
 
 
 def _check_input(x, what: str = "quantize") -> jax.Array:
@@ -80,7 +80,7 @@ def _per_platform(ffi_fn, xla_fn, *args, cpu_fn=None):
   platforms = backend.ffi_platforms()
   if not platforms:
     return xla_fn(*args)
-  _ffi.load()
+  extension.load()
   default = None if backend.get_kernels() == "ffi" else xla_fn
   kernel_fn = lambda p: cpu_fn if p == "cpu" and cpu_fn else ffi_fn  # noqa: E731
   return jax.lax.platform_dependent(

@@ -10,7 +10,7 @@ the stochastic-rounding bits (`block_codec.random_bits`, on the global element i
 
 Sharding: fake_quantize (the block GEMM's operand), quantize_2x and quantize / dequantize
 of 1-D blocks keep their operand's sharding on Auto and Explicit mesh axes
-(`mxjax.sharding.blockwise_partitioned`); quantize / dequantize of 2-D tiles run where
+(`mxjax._src.sharding.blockwise_partitioned`); quantize / dequantize of 2-D tiles run where
 the partitioner places them (the whole array). Under `jax.vmap` the ops run the XLA path.
 None has a derivative (see `mxjax.fake_quantize` for a straight-through one).
 """
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax import block_codec, formats, sharding
-from mxjax.block_format import BlockFormat
-from mxjax.quantize import _no_derivative, _per_platform
+from mxjax._src import block_codec, formats, sharding
+from mxjax._src.block_format import BlockFormat
+from mxjax._src.quantize import _no_derivative, _per_platform
 
 _NO_BITS = np.zeros((1,), np.uint32)  # the rand operand without stochastic rounding
 
@@ -101,7 +101,7 @@ def _quantize_op(bf: BlockFormat, axis: int, sr: bool):
                                                          stochastic_rounding=sr)
 
   call = _partitioned(_lowered(ffi, xla), bf, axis, "quantize")
-  return _op(call, xla, "mxjax.block_ops.quantize")
+  return _op(call, xla, "mxjax._src.block_ops.quantize")
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,7 +120,7 @@ def _quantize_2x_op(bf: BlockFormat):
 
   b = bf.block[1]
   call = sharding.blockwise_partitioned(_lowered(ffi, xla), (-1, -2), b, b)
-  return _op(call, xla, "mxjax.block_ops.quantize_2x")
+  return _op(call, xla, "mxjax._src.block_ops.quantize_2x")
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,7 +138,7 @@ def _fake_quantize_op(bf: BlockFormat, axis: int, sr: bool):
                                 x, rand, ts, **_attrs(bf, axis), stochastic_rounding=sr)
 
   call = _partitioned(_lowered(ffi, xla), bf, axis, "fake_quantize")
-  return _op(call, xla, "mxjax.block_ops.fake_quantize")
+  return _op(call, xla, "mxjax._src.block_ops.fake_quantize")
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,7 +155,7 @@ def _dequantize_op(bf: BlockFormat, axis: int, apply_tensor_scale: bool):
                                 apply_tensor_scale=apply_tensor_scale)
 
   call = _partitioned(_lowered(ffi, xla), bf, axis, "dequantize")
-  return _op(call, xla, "mxjax.block_ops.dequantize")
+  return _op(call, xla, "mxjax._src.block_ops.dequantize")
 
 
 def _check(x, bf: BlockFormat, axis: int) -> int:

@@ -36,9 +36,10 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
-from mxjax import _gemm, context, formats, products, ragged, rules as rules_lib
-from mxjax import state as state_lib
-from mxjax.mxarray import MXArray
+from mxjax._src import rules as rules_lib
+from mxjax._src import gemm, context, formats, products, ragged
+from mxjax._src import state as state_lib
+from mxjax._src.mxarray import MXArray
 
 def quantized(fn, rules=None, *, name: str | None = None):
   """`fn` with every product it computes run through mxjax (a function transformation).
@@ -50,7 +51,7 @@ def quantized(fn, rules=None, *, name: str | None = None):
   Args:
     fn: a function of arrays (pytrees of them; other leaves are taken as static).
     rules: `(regex, recipe or None)` pairs on product paths (`mxjax.rules`); None: the
-      rules of an enclosing `mxjax.context.layer_rules` (what `linen.intercept` enters),
+      rules of an enclosing `mxjax._src.context.layer_rules` (what `linen.intercept` enters),
       else every product runs the autocast recipe.
     name: what warnings call the function (default its `__name__`).
 
@@ -310,7 +311,7 @@ class _Walk:
                            activations):
         return self._bind(eqn, invals)
     with products.label(path, op, recipe, activations):
-      return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
+      return gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
                            out_sharding=eqn.params.get("out_sharding"),
                            rng=self._key(recipe))[0]

@@ -4,7 +4,7 @@ A recipe says how the GEMMs of a model are quantized:
 
 - `MXFP8BlockScaling`, `MXFP6BlockScaling`, `MXFP4BlockScaling`: MX block scaling (one
   E8M0 scale per `block_size` elements along the contraction), computed by
-  `mxjax.dot.dot_general` with the recipe's `fwd_format` / `bwd_format`. Stateless.
+  `mxjax._src.dot.dot_general` with the recipe's `fwd_format` / `bwd_format`. Stateless.
   They keep TransformerEngine's checks (e.g. no E5M2 forward).
 - `MXBlockScaling(fwd_format, bwd_format)`: the same GEMMs for any pair of the five MX
   element formats.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mxjax import formats
+from mxjax._src import formats
 
 
 class Format(enum.Enum):
@@ -82,7 +82,7 @@ class Recipe:
     return self.mx()
 
   def block_roles(self):
-    """The per-role block formats (`mxjax.block_recipes.BlockRoles`) when the GEMMs run
+    """The per-role block formats (`mxjax._src.block_recipes.BlockRoles`) when the GEMMs run
     `mxjax.block_dot` (NVFP4, FP8 blocks, MX with 2-D weights / SR / RHT); None when
     they run `mxjax.dot` (plain MX) or another path."""
     return None
@@ -126,7 +126,7 @@ class _MXRecipe(Recipe):
     for name in (self.fwd_format, self.bwd_format):
       formats.check_block_size(self.block_size, formats.element_format(name))
     object.__setattr__(self, "scale_mode", formats.scale_mode(self.scale_mode).value)
-    from mxjax import block_recipes  # noqa: PLC0415 (imports this module)
+    from mxjax._src import block_recipes  # noqa: PLC0415 (imports this module)
     block_recipes.check_switches(self)
     self.block_roles()
 

@@ -42,10 +42,10 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import contraction, formats, products, sharding
-from mxjax._operand_dtype import cpu_operand_dtype
-from mxjax.mxarray import MXArray
-from mxjax.quantize import fake_quantize, quantize_2x
+from mxjax._src import contraction, formats, products, sharding
+from mxjax._src.operand_dtype import cpu_operand_dtype
+from mxjax._src.mxarray import MXArray
+from mxjax._src.quantize import fake_quantize, quantize_2x
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 

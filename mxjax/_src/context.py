@@ -19,8 +19,8 @@ import dataclasses
 
 import jax
 
-from mxjax import rules as rules_lib
-from mxjax.recipes import MXFP8BlockScaling, Recipe
+from mxjax._src import rules as rules_lib
+from mxjax._src.recipes import MXFP8BlockScaling, Recipe
 
 #: The recipe of the innermost enabled `autocast`, or None (high precision).
 _AUTOCAST = jax.make_user_context(default_value=None)

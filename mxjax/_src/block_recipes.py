@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from mxjax import block_format as bfmt
-from mxjax.block_format import BlockFormat, ScaleFormat
-from mxjax.recipes import _FP8FormatRoles, Format, Recipe, _format
+from mxjax._src import block_format as bfmt
+from mxjax._src.block_format import BlockFormat, ScaleFormat
+from mxjax._src.recipes import _FP8FormatRoles, Format, Recipe, _format
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import block_dot, fp8, products, state as state_lib
-from mxjax.dot import dot_general as mx_dot_general
-from mxjax.mxarray import MXArray
-from mxjax.quantize import quantize_2x
-from mxjax.recipes import Recipe, recipe_for_quantized_weight
+from mxjax._src import state as state_lib
+from mxjax._src import block_dot, fp8, products
+from mxjax._src.dot import dot_general as mx_dot_general
+from mxjax._src.mxarray import MXArray
+from mxjax._src.quantize import quantize_2x
+from mxjax._src.recipes import Recipe, recipe_for_quantized_weight
 
 _DIMS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731  x[..., K] . w[K, N]
 

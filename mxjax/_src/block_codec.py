@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mxjax import formats, reference, xla_codec
-from mxjax.block_format import BlockFormat
-from mxjax.xla_codec import _ABS, _FRAC, _HIDDEN, _INF, _QNAN, _I32, _U32, _u32
+from mxjax import reference
+from mxjax._src import formats, xla_codec
+from mxjax._src.block_format import BlockFormat
+from mxjax._src.xla_codec import _ABS, _FRAC, _HIDDEN, _INF, _QNAN, _I32, _U32, _u32
 
 _ONE = 0x3F800000
 _F32_MAX = 0x7F7FFFFF

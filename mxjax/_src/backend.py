@@ -18,8 +18,8 @@ import os
 
 import jax
 
-from mxjax import _ffi
-from mxjax._operand_dtype import cpu_operand_dtype
+from mxjax._src import extension
+from mxjax._src.operand_dtype import cpu_operand_dtype
 
 KERNEL_MODES = ("auto", "ffi", "xla")
 #: MXJAX_SIMD caps the CPU kernels' instruction set (the widest the CPU has otherwise).
@@ -88,7 +88,7 @@ def built_platforms() -> tuple[str, ...]:
   """The jax platforms ("cpu", "cuda") this build has FFI kernels for; () when the
   compiled extension cannot be imported."""
   try:
-    build = _ffi.build_info()
+    build = extension.build_info()
   except ImportError:
     return ()
   return tuple(p for p, built in (("cpu", build["cpu"]), ("cuda", build["cuda"])) if built)
@@ -121,7 +121,7 @@ def _kernel_path(platform: str) -> str:
   mode, built = get_kernels(), built_platforms()
   if _uses_ffi(platform, mode, built):
     if platform == "cpu":
-      return f"C++ FFI kernels on the XLA CPU thread pool ({_ffi.build_info()['simd']})"
+      return f"C++ FFI kernels on the XLA CPU thread pool ({extension.build_info()['simd']})"
     verified = "" if CUDA_KERNELS_VERIFIED else ", not yet verified on a GPU"
     return f"CUDA FFI kernels on the XLA stream (MXJAX_KERNELS={mode}{verified})"
   if mode == "ffi":
@@ -144,7 +144,7 @@ def backend_info(device: jax.Device | None = None) -> dict:
      "ops": {op name: path on this device}}
   """
   try:
-    build = _ffi.build_info()
+    build = extension.build_info()
   except ImportError:
     build = {}
   device = device or jax.devices()[0]
@@ -155,7 +155,7 @@ def backend_info(device: jax.Device | None = None) -> dict:
   ops["dot_general"] = (f"quantize_2x + dequantize, or fake_quantize with no backward "
                         f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)}")
   cpu_kernels = platform == "cpu" and path.startswith("C++ FFI kernels")
-  block_path = (f"C++ FFI kernels ({_ffi.build_info()['simd']})" if cpu_kernels
+  block_path = (f"C++ FFI kernels ({extension.build_info()['simd']})" if cpu_kernels
                 else "plain XLA (mxjax.block_codec)")
   ops["block_scaled"] = (f"{block_path} for NVFP4, FP8 blocks, 2-D MX tiles and stochastic "
                          "rounding (mxjax.block_ops), the RHT in XLA, f32 products")

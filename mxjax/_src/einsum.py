@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import formats
-from mxjax.dot import (_named, _operand_info, dot_general, jnp_result_dtype,
+from mxjax._src import formats
+from mxjax._src.dot import (_named, _operand_info, dot_general, jnp_result_dtype,
                        promote_weak_operands)
 
 

@@ -3,7 +3,7 @@
 Each operand maps to `lhs [*B, M, K]` or `rhs [*B, K, N]`: batch dims kept as they are,
 the free and the contracting dims each merged into one, in `lax.dot_general`'s output
 order. Under Explicit mesh axes the merges and splits keep each dim's shards in place
-(`mxjax.sharding.merge_dims` / `split_dim`; a dim that cannot is gathered first).
+(`mxjax._src.sharding.merge_dims` / `split_dim`; a dim that cannot is gathered first).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax import sharding
+from mxjax._src import sharding
 
 
 @dataclasses.dataclass(frozen=True)
