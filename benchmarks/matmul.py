@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mxjax  # noqa: E402
-from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax._src.operand_dtype import cpu_operand_dtype  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
 

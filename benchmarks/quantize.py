@@ -52,8 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from roofline import parallel_copy, quantize_bytes  # noqa: E402
 from timing import interleaved_medians, interleaved_times  # noqa: E402
 
-from mxjax import _ffi, formats, reference, xla_codec  # noqa: E402
-from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
+from mxjax import reference, xla_codec  # noqa: E402
+from mxjax._src import extension, formats
+from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
 
 
 def jnp_quantize(x, fmt: str, axis: int, block_size: int = 32):
@@ -174,12 +175,13 @@ def bench_block_formats(shape, reps: int):
   as the kernels write them), the scales, and f32 for the dequantized outputs. NVFP4's
   quantize and fake_quantize include the tensor scale's amax, an XLA reduction ("amax").
   """
-  from mxjax import block_codec, block_format as bfmt, block_ops  # noqa: PLC0415
+  from mxjax import block_ops  # noqa: PLC0415
+  from mxjax._src import block_codec, formats as bfmt
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
   rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), shape)
   copy, copy_bytes = parallel_copy()
-  print(f"\nblock-scaled formats: bf16 {shape}, simd={_ffi.build_info()['simd']}, "
+  print(f"\nblock-scaled formats: bf16 {shape}, simd={extension.build_info()['simd']}, "
         f"{os.cpu_count()} cores; roofline = bytes moved per second / the parallel copy's")
   print(f"{'format':28} {'op':6} {'ms':>8} {'Gelem/s':>8} {'roofline':>18} {'XLA path ms':>12} "
         f"{'speedup':>8}")
@@ -245,7 +247,7 @@ def main(argv=None):
     bench_block_formats(shape, args.reps)
     return
   n = int(np.prod(shape))
-  info = _ffi.build_info()
+  info = extension.build_info()
   device = jax.devices()[0]
   dtype = jnp.dtype(args.dtype)
   print(f"mxjax quantize benchmark: {dtype.name} {shape}, block 32, rceil; simd={info['simd']}, "

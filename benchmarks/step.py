@@ -33,9 +33,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved_medians  # noqa: E402
 
-from mxjax import _ffi  # noqa: E402
-from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
-from mxjax.quantize import quantize  # noqa: E402
+from mxjax._src import extension  # noqa: E402
+from mxjax._src.operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax._src.quantize import quantize  # noqa: E402
 from mxjax.sweep import formats as sweep_formats  # noqa: E402
 from mxjax.sweep import model as model_lib  # noqa: E402
 from mxjax.sweep import train as train_lib  # noqa: E402
@@ -110,7 +110,7 @@ def main(argv=None):
   opt_state = tx.init(params)
   device = jax.devices()[0]
   print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} cores, "
-        f"simd={_ffi.build_info()['simd']}, MX product operands: "
+        f"simd={extension.build_info()['simd']}, MX product operands: "
         f"{cpu_operand_dtype().name if device.platform == 'cpu' else 'bfloat16'}")
   print(f"LM: d_model {config.d_model}, {config.layers} layers, {config.heads} heads, "
         f"batch {args.batch_size} x seq {args.seq_len}, {args.dtype}; AdamW step (sweep "

@@ -1,5 +1,5 @@
 """The block-scaled formats' CPU kernels (ffi/cpu/block_kernels.cc through
-`mxjax.block_ops`) against the oracle (`mxjax.reference.block_quantize` /
+`mxjax._src.ops`) against the oracle (`mxjax.reference.block_quantize` /
 `block_dequantize`), bit for bit, at every SIMD level this build and CPU run: rows,
 strided columns, both in one pass (quantize_2x), 2-D tiles, stochastic rounding given its
 bits, the tensor scale, ragged
@@ -8,15 +8,20 @@ ran; their sharding."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
+import mxjax
 from conftest import all_bf16_patterns, all_f16_patterns, special_blocks
-from mxjax import backend, block_codec, block_format as bfmt, block_ops, reference
-from mxjax.block_format import BlockFormat, ScaleFormat
+from mxjax import reference
+from mxjax._src import backend, formats as bfmt, stochastic
+import oracle_layout
+from mxjax._src.formats import BlockFormat, ScaleFormat
 from sharding_helpers import compiled_collectives
 from test_block_formats import _awkward
 
@@ -47,9 +52,9 @@ def _oracle(x, bf, axis, rand):
 
 
 def _kernels(x, bf, axis, rand):
-  codes, scales, ts = block_ops.quantize(x, bf, axis, rand)
-  return (codes, scales, block_ops.dequantize(codes, scales, ts, bf, axis),
-          block_ops.fake_quantize(x, bf, axis, rand)[0])
+  codes, scales, ts = oracle_layout.quantize(x, bf, axis, rand)
+  return (codes, scales, oracle_layout.dequantize(codes, scales, ts, bf, axis),
+          oracle_layout.fake_quantize(x, bf, axis, rand)[0])
 
 
 _oracle_jit = jax.jit(_oracle, static_argnums=(1, 2))
@@ -58,7 +63,7 @@ _wanted = {}  # the oracle's results, computed once for every SIMD level
 
 
 def _assert_same(x, bf, axis, sr, what=""):
-  rand = block_codec.random_bits(jnp.asarray([5, 6], jnp.uint32), x.shape) if sr else None
+  rand = stochastic.random_bits(jnp.asarray([5, 6], jnp.uint32), x.shape) if sr else None
   key = (bf, axis, sr, what, x.shape, x.dtype)
   if key not in _wanted:
     _wanted[key] = [_u(w) for w in _oracle_jit(x, bf, axis, rand)]
@@ -115,7 +120,7 @@ def test_special_blocks(name):
     _assert_same(jnp.asarray(np.ascontiguousarray(x.T)), bf, 0, True, np.dtype(dtype).name)
 
 
-_quantize_2x_jit = jax.jit(block_ops.quantize_2x, static_argnums=(1,))
+_quantize_2x_jit = jax.jit(oracle_layout.quantize_2x, static_argnums=(1,))
 
 
 @at_every_level
@@ -138,12 +143,21 @@ def test_quantize_2x_equals_the_oracle_both_ways(name):
 
 
 def test_quantize_2x_refuses_what_it_cannot_do():
-  with pytest.raises(ValueError, match="2-D tiles serve both orientations"):
-    block_ops.quantize_2x(jnp.ones((32, 32)), bfmt.MXFP8_2D)
+  with pytest.raises(ValueError, match="serves both orientations"):
+    mxjax.quantize_2x(jnp.ones((32, 32)), bfmt.MXFP8_2D)
   with pytest.raises(ValueError, match="rank >= 2"):
-    block_ops.quantize_2x(jnp.ones((32,)), bfmt.NVFP4)
-  with pytest.raises(ValueError, match="dividing 512"):
-    block_ops.quantize_2x(jnp.ones((48, 48)), BlockFormat("e4m3", ScaleFormat.FP32, (1, 48)))
+    mxjax.quantize_2x(jnp.ones((32,)), bfmt.NVFP4)
+
+
+def test_quantize_2x_of_blocks_the_kernel_does_not_take():
+  """Blocks of 48 (not dividing 512: no one-pass kernel) run the XLA path, both ways."""
+  bf = BlockFormat("e4m3", ScaleFormat.FP32, (1, 48))
+  x = _awkward((48, 96), jnp.float32)
+  (rc, rs), (cc, cs), _ = oracle_layout.quantize_2x(x, bf)
+  for (codes, scales), axis in (((rc, rs), -1), ((cc, cs), 0)):
+    want = reference.block_quantize(x, bf, axis=axis)
+    np.testing.assert_array_equal(_u(codes), _u(want[0]))
+    np.testing.assert_array_equal(_u(scales), _u(want[1]))
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
@@ -152,17 +166,17 @@ def test_the_kernels_run():
   x = jnp.ones((64, 64), jnp.bfloat16)
   rand = jnp.zeros((64, 64), jnp.uint32)
   for bf in (bfmt.NVFP4, bfmt.MXFP8_2D):
-    text = jax.jit(lambda x, r, bf=bf: (block_ops.quantize(x, bf, -1, r),
-                                        block_ops.fake_quantize(x, bf, -1))).lower(
+    text = jax.jit(lambda x, r, bf=bf: (oracle_layout.quantize(x, bf, -1, r),
+                                        oracle_layout.fake_quantize(x, bf, -1))).lower(
                                             x, rand).compile().as_text()
     assert "mxjax_block_quantize" in text and "mxjax_block_fake_quantize" in text
-  text = jax.jit(lambda x: block_ops.quantize_2x(x, bfmt.NVFP4)).lower(x).compile().as_text()
+  text = jax.jit(lambda x: oracle_layout.quantize_2x(x, bfmt.NVFP4)).lower(x).compile().as_text()
   assert "mxjax_block_quantize_2x" in text
 
 
 def test_under_vmap_the_ops_equal_the_oracle():
   x = _awkward_3d(jnp.float32)
-  got = jax.vmap(lambda x: block_ops.fake_quantize(x, bfmt.NVFP4, -1)[0])(x)
+  got = jax.vmap(lambda x: oracle_layout.fake_quantize(x, bfmt.NVFP4, -1)[0])(x)
   want = jnp.stack([reference.block_dequantize(*reference.block_quantize(xi, bfmt.NVFP4),
                                                bfmt.NVFP4, apply_tensor_scale=False)
                     for xi in x])
@@ -170,15 +184,15 @@ def test_under_vmap_the_ops_equal_the_oracle():
 
 
 def test_errors_name_the_problem():
-  with pytest.raises(ValueError, match="2-D blocks need an array of rank >= 2"):
-    block_ops.quantize(jnp.ones((32,)), bfmt.MXFP8_2D)
+  with pytest.raises(ValueError, match="2-D tiles.*need an array of rank >= 2"):
+    mxjax.quantize(jnp.ones((32,)), bfmt.MXFP8_2D)
   with pytest.raises(ValueError, match="axis 2 is out of range"):
-    block_ops.quantize(jnp.ones((4, 32)), bfmt.NVFP4, 2)
-  codes, scales, _ = block_ops.quantize(jnp.ones((4, 32)), bfmt.NVFP4)
-  with pytest.raises(ValueError, match="needs the tensor scale"):
-    block_ops.dequantize(codes, scales, None, bfmt.NVFP4)
+    mxjax.quantize(jnp.ones((4, 32)), bfmt.NVFP4, axis=2)
+  a = mxjax.quantize(jnp.ones((4, 32)), bfmt.NVFP4)
+  with pytest.raises(ValueError, match="needs its tensor scale"):
+    mxjax.dequantize(dataclasses.replace(a, tensor_scale=None))
   with pytest.raises(TypeError, match="has no derivative"):
-    jax.grad(lambda x: jnp.sum(block_ops.fake_quantize(x, bfmt.FP8_1X128)[0]))(jnp.ones((4, 128)))
+    jax.grad(lambda x: jnp.sum(oracle_layout.fake_quantize(x, bfmt.FP8_1X128)[0]))(jnp.ones((4, 128)))
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
@@ -193,8 +207,8 @@ def test_sharded_fake_quantize_keeps_its_sharding(name, spec):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((128, 1024)) * np.exp2(rng.integers(-8, 8, (128, 1024))),
                   jnp.float32)
-  rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), x.shape)
-  f = lambda x, r: block_ops.fake_quantize(x, bf, -1, r)[0]  # noqa: E731
+  rand = stochastic.random_bits(jnp.asarray([1, 2], jnp.uint32), x.shape)
+  f = lambda x, r: oracle_layout.fake_quantize(x, bf, -1, r)[0]  # noqa: E731
   want = jax.jit(f)(x, rand)
   for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
     mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
@@ -215,7 +229,7 @@ def test_sharded_quantize_2x_keeps_its_sharding():
   the operand's sharding kept, no collective but the tensor amax's all-reduce."""
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((2, 128, 256)), jnp.bfloat16)
-  f = lambda x: block_ops.quantize_2x(x, bfmt.NVFP4)  # noqa: E731
+  f = lambda x: oracle_layout.quantize_2x(x, bfmt.NVFP4)  # noqa: E731
   want = jax.jit(f)(x)
   for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
     mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
@@ -241,8 +255,8 @@ def test_two_d_quantize_on_a_mesh():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
     xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
     with jax.set_mesh(mesh):
-      got = jax.jit(lambda x: block_ops.quantize(x, bfmt.NVFP4_2D))(xs)
-      deq = jax.jit(lambda c, s, t: block_ops.dequantize(c, s, t, bfmt.NVFP4_2D))(*got)
+      got = jax.jit(lambda x: oracle_layout.quantize(x, bfmt.NVFP4_2D))(xs)
+      deq = jax.jit(lambda c, s, t: oracle_layout.dequantize(c, s, t, bfmt.NVFP4_2D))(*got)
     for w, g in zip((*want, want_deq), (*got, deq)):
       np.testing.assert_array_equal(_u(g), _u(w), err_msg=str(kind))
 
@@ -250,20 +264,18 @@ def test_two_d_quantize_on_a_mesh():
 _TRAINING_STEPS = """
 import hashlib, jax, jax.numpy as jnp, numpy as np
 import mxjax
-from mxjax import block_dot
-from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
+from mxjax import Float8BlockScaling, NVFP4BlockScaling
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((64, 256)), jnp.bfloat16)
 ws = [jnp.asarray(rng.standard_normal((256, 256)) / 16, jnp.float32) for _ in range(2)]
 dims = (((1,), (0,)), ((), ()))
 digest = hashlib.sha256()
 for recipe in (NVFP4BlockScaling(), Float8BlockScaling()):
-  roles = recipe.block_roles()
   def loss(ws, key):
     h = x
     for i, w in enumerate(ws):
-      h = jax.nn.gelu(block_dot.dot_general(h, w, dims, roles, where=f"l{i}",
-                                            rng=jax.random.fold_in(key, i)))
+      h = jax.nn.gelu(mxjax.dot_general(h, w, dims, recipe=recipe, name=f"l{i}",
+                                        rng=jax.random.fold_in(key, i)))
     return jnp.mean(h.astype(jnp.float32) ** 2)
   step = jax.jit(jax.value_and_grad(loss))
   params = ws
@@ -273,7 +285,7 @@ for recipe in (NVFP4BlockScaling(), Float8BlockScaling()):
     digest.update(np.asarray(value).tobytes())
     for g in grads:
       digest.update(np.asarray(g).tobytes())
-print(mxjax.backend_info()["ops"]["block_scaled"].split(" for ")[0], digest.hexdigest())
+print(mxjax.backend_info()["ops"]["quantize"].split(" ")[0], digest.hexdigest())
 """
 
 

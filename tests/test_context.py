@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mxjax import context, linen as mxl, memory, nnx as mxnnx, state as state_lib
-from mxjax.mxarray import MXArray
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
+from mxjax import linen as mxl, nnx as mxnnx, state as state_lib
+from mxjax._src import context, memory
+from mxjax._src.mxarray import MXArray
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
                            MXFP8BlockScaling, Recipe)
 
 

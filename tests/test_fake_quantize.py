@@ -15,7 +15,8 @@ from hypothesis import given, strategies as st
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, assert_same_floats,
                       exhaustive_rows, float_arrays, shapes_and_axes, wide_mixed_blocks)
 import mxjax
-from mxjax import backend, reference
+from mxjax import reference
+from mxjax._src import backend
 
 pytestmark = pytest.mark.usefixtures("simd_level")
 

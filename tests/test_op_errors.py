@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import fp8, reference
+from mxjax import reference
+from mxjax._src import fp8
 
 X = jnp.ones((4, 64), jnp.float32)
 

@@ -16,9 +16,9 @@ from jax.extend import core as jax_core
 
 from mxjax import linen as mxl
 from mxjax import rules as rules_lib
-from mxjax.context import autocast
-from mxjax.quantize import fake_quantize
-from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
+from mxjax._src.context import autocast
+from mxjax._src.quantize import fake_quantize
+from mxjax._src.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
 from mxjax.sweep import __main__ as cli
 from mxjax.sweep import baselines, checkpoint, formats, report, train
 from mxjax.sweep import model as model_lib

@@ -1,14 +1,15 @@
 """Which implementation each op runs where: the kernel setting and `backend_info()`.
 
 Every op is lowered per platform inside one jitted program: the FFI kernels on the
-platforms this build has (and trusts) them for, the plain-XLA path (`mxjax.xla_codec`,
-the same bits) everywhere else. `MXJAX_KERNELS` (or `set_kernels`) chooses:
+platforms this build has (and trusts) them for, the plain-XLA codec
+(`mxjax._src.codec`, the same bits) everywhere else. `MXJAX_KERNELS` (or `set_kernels`)
+chooses:
 
-- "auto" (default): FFI kernels on "cpu" when the extension is built; XLA on every other
-  platform. The CUDA kernels stay off in auto until `ffi/cuda/tests/gpu_check.py` has
-  passed on a GPU (`CUDA_KERNELS_VERIFIED`).
-- "ffi": the FFI kernels wherever this build has them (CUDA included); tracing for a
-  default backend without kernels is an error naming the platform.
+- "auto" (default): the CPU kernels when the extension is built; on CUDA GPUs of
+  compute capability 9.0 and up, each CUDA kernel that has been verified on a GPU
+  (`CUDA_VERIFIED`: byte-equal to the CPU kernels, memcheck clean); XLA elsewhere.
+- "ffi": the FFI kernels wherever this build has them (CUDA included, verified or not);
+  tracing for a default backend without kernels is an error naming the platform.
 - "xla": the plain-XLA path everywhere.
 """
 
@@ -25,14 +26,27 @@ KERNEL_MODES = ("auto", "ffi", "xla")
 #: MXJAX_SIMD caps the CPU kernels' instruction set (the widest the CPU has otherwise).
 SIMD_LEVELS = ("scalar", "avx2", "avx512")
 
-#: Set once `ffi/cuda/tests/gpu_check.py` has passed on a GPU and its output is committed
-#: under benchmarks/results/. Until then "auto" runs the XLA path on GPUs.
-CUDA_KERNELS_VERIFIED = False
+_H100_2026_11_27 = (
+    "NVIDIA H100 80GB HBM3 (sm_90), driver 580.159.04, CUDA 13.0, jax 0.11.2, on "
+    "2026-11-27 (commit 9d32038): ffi/cuda/tests/gpu_check.py byte-equal to the CPU "
+    "kernels, compute-sanitizer memcheck 0 errors, tests/test_quantize_exact.py on the GPU "
+    "483 passed (benchmarks/results/gpu-h100-2026-11-27.md)")
+
+#: The CUDA targets verified on a GPU, with where and when; "auto" uses these (and no
+#: other) on GPUs of compute capability 9.0 and up. A target is added only with the run's
+#: output committed under benchmarks/results/.
+CUDA_VERIFIED: dict[str, str] = {
+    "mxjax_quantize": _H100_2026_11_27,
+    "mxjax_quantize_2x": _H100_2026_11_27,
+    "mxjax_dequantize": _H100_2026_11_27,
+}
+#: The compute capability from which "auto" uses the verified CUDA kernels.
+CUDA_MIN_CAPABILITY = (9, 0)
 
 # The product path of mxjax.dot_general on every backend today: dequantized operands
-# (bf16; on CPUs without bf16 dot instructions f32, mxjax._operand_dtype) into XLA's dot
+# (bf16; on CPUs without bf16 dot instructions f32, mxjax._src.operand_dtype) into XLA's dot
 # with f32 accumulation (exact while every dequantized element is at least 2**-126, the
-# smallest normal number; see mxjax.dot). The cuBLASLt block-scaled MXFP8 GEMM target
+# smallest normal number; see mxjax._src.product). The cuBLASLt block-scaled MXFP8 GEMM target
 # (`mxjax_mx_gemm`, Blackwell only) is built with CUDA but not yet used by the dot: it has
 # not run on a Blackwell GPU.
 _DOT_PATH = "operands in {dtype} into XLA's dot, f32 accumulation"
@@ -97,7 +111,25 @@ def built_platforms() -> tuple[str, ...]:
 def _uses_ffi(platform: str, mode: str, built: tuple[str, ...]) -> bool:
   if platform not in built or mode == "xla":
     return False
-  return mode == "ffi" or platform == "cpu" or CUDA_KERNELS_VERIFIED
+  return mode == "ffi" or platform == "cpu" or (bool(CUDA_VERIFIED) and _capable_gpus())
+
+
+def _capable_gpus() -> bool:
+  """Whether every local CUDA GPU has compute capability `CUDA_MIN_CAPABILITY` or more."""
+  try:
+    gpus = jax.local_devices(backend="gpu")
+  except RuntimeError:
+    return False
+  caps = [tuple(int(v) for v in str(getattr(d, "compute_capability", "0.0")).split("."))
+          for d in gpus]
+  return bool(caps) and all(c >= CUDA_MIN_CAPABILITY for c in caps)
+
+
+def uses_kernel(platform: str, target: str) -> bool:
+  """Whether ops lowered for `platform` call the FFI target `target` under the setting."""
+  if platform not in ffi_platforms() or target not in extension.targets(platform):
+    return False
+  return platform != "cuda" or get_kernels() == "ffi" or target in CUDA_VERIFIED
 
 
 def ffi_platforms() -> tuple[str, ...]:
@@ -122,14 +154,16 @@ def _kernel_path(platform: str) -> str:
   if _uses_ffi(platform, mode, built):
     if platform == "cpu":
       return f"C++ FFI kernels on the XLA CPU thread pool ({extension.build_info()['simd']})"
-    verified = "" if CUDA_KERNELS_VERIFIED else ", not yet verified on a GPU"
+    verified = ("" if mode == "ffi" else
+                f"; verified: {', '.join(sorted(CUDA_VERIFIED))} on {_H100_2026_11_27}, the "
+                "others run plain XLA")
     return f"CUDA FFI kernels on the XLA stream (MXJAX_KERNELS={mode}{verified})"
   if mode == "ffi":
     return f"none: MXJAX_KERNELS=ffi and this build has no FFI kernels for {platform!r}"
   why = ("MXJAX_KERNELS=xla" if mode == "xla" else
-         "the CUDA kernels are not yet verified on a GPU" if platform in built else
-         f"this build has no FFI kernels for {platform!r}")
-  return f"plain XLA ops (mxjax.xla_codec; {why})"
+         f"the GPU's compute capability is under {CUDA_MIN_CAPABILITY}" if platform in built
+         else f"this build has no FFI kernels for {platform!r}")
+  return f"plain XLA ops (mxjax._src.codec; {why})"
 
 
 def backend_info(device: jax.Device | None = None) -> dict:
@@ -153,12 +187,11 @@ def backend_info(device: jax.Device | None = None) -> dict:
   ops = {op: path for op in ("quantize", "quantize_2x", "dequantize", "fake_quantize")}
   dtype = cpu_operand_dtype().name if platform == "cpu" else "bfloat16"
   ops["dot_general"] = (f"quantize_2x + dequantize, or fake_quantize with no backward "
-                        f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)}")
-  cpu_kernels = platform == "cpu" and path.startswith("C++ FFI kernels")
-  block_path = (f"C++ FFI kernels ({extension.build_info()['simd']})" if cpu_kernels
-                else "plain XLA (mxjax.block_codec)")
-  ops["block_scaled"] = (f"{block_path} for NVFP4, FP8 blocks, 2-D MX tiles and stochastic "
-                         "rounding (mxjax.block_ops), the RHT in XLA, f32 products")
+                        f"({path.split(' (')[0]}), then {_DOT_PATH.format(dtype=dtype)} "
+                        "(f32 operands for FP32 non-power-of-two scales)")
+  ops["formats"] = ("the MX kernels for E8M0 scales in 1-D blocks of 16 / 32 / 64, the "
+                    "block-format kernels for every other format (NVFP4, FP8 blocks, 2-D "
+                    "tiles, stochastic rounding); the RHT in XLA")
   return {"build": build, "kernels": get_kernels(), "device": str(device.device_kind),
           "platform": platform, "compute_capability": getattr(device, "compute_capability", None),
           "ops": ops}

@@ -53,13 +53,13 @@ def _check_enabled(enabled, what: str) -> bool:
   return bool(enabled)
 
 
-def _check_recipe(recipe, what: str) -> Recipe:
+def check_recipe(recipe, what: str) -> Recipe:
   if recipe is None:
     return MXFP8BlockScaling()
   if not isinstance(recipe, Recipe):
     raise TypeError(f"{what} needs an mxjax recipe (e.g. MXFP8BlockScaling()), got "
                     f"{type(recipe).__name__}")
-  if not (recipe.mx() or recipe.fp8() or recipe.block_scaling()):  # kinds with a GEMM path
+  if not (recipe.fp8() or recipe.block_scaling()):  # kinds with a GEMM path
     raise TypeError(f"{what} needs an MX or per-tensor FP8 recipe (e.g. "
                     f"MXFP8BlockScaling()), got {type(recipe).__name__}")
   return recipe
@@ -76,7 +76,7 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 
   Nested contexts restore the outer value on exit.
   """
-  value = _check_recipe(recipe, "autocast") if _check_enabled(enabled, "autocast") else None
+  value = check_recipe(recipe, "autocast") if _check_enabled(enabled, "autocast") else None
   with _AUTOCAST(value):
     yield
 
@@ -144,16 +144,18 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None, *,
 
   Args:
     enabled: False initializes kernels in high precision as usual.
-    recipe: an MX recipe; None means `MXFP8BlockScaling()`.
+    recipe: a block-scaled recipe (its weight format is stored: 2-D tiles serve both
+      products in one copy); None means `MXFP8BlockScaling()`.
     for_training: keep the dgrad's copy too (the default of `columnwise`).
     columnwise: whether to keep the copy along the output features; None: `for_training`.
   """
   value = None
   if _check_enabled(enabled, "quantized_model_init"):
-    recipe = _check_recipe(recipe, "quantized_model_init")
-    if not recipe.mx() or recipe.block_roles() is not None:
-      raise ValueError(f"quantized_model_init stores MX-quantized kernels and needs a plain "
-                       f"MX recipe (no 2-D weights, stochastic rounding or RHT); got {recipe}")
+    recipe = check_recipe(recipe, "quantized_model_init")
+    if recipe.roles() is None:
+      raise ValueError(f"quantized_model_init stores block-scaled kernels (the recipe's weight "
+                       f"format) and needs a block-scaled recipe (MX, NVFP4, FP8 blocks); got "
+                       f"{recipe}")
     value = QuantizedInit(recipe, bool(for_training if columnwise is None else columnwise))
   with _QUANTIZED_INIT(value):
     yield

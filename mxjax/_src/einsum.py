@@ -24,41 +24,43 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mxjax._src import formats
-from mxjax._src.dot import (_named, _operand_info, dot_general, jnp_result_dtype,
-                       promote_weak_operands)
+from mxjax._src import formats, operands
+from mxjax._src.dot import dot_general
 
 
-def einsum(subscripts: str, *operands, fwd_format="e4m3", bwd_format="e5m2",
+def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
            block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil", precision=None,
-           preferred_element_type=None, out_sharding=None) -> jax.Array:
+           preferred_element_type=None, out_sharding=None, recipe=None, rng=None) -> jax.Array:
   """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
 
   Args:
     subscripts: a two-operand equation as `jnp.einsum` takes it, e.g. "bqhd,bkhd->bhqk",
       "...ij,jk", "bij,bjk->bki" (ellipses, implicit output and repeated indices allowed).
-    *operands: two bfloat16 / float16 / float32 arrays `a, b` (or MXArrays, as
+    *arrays: two bfloat16 / float16 / float32 arrays `a, b` (or MXArrays, as
       `dot_general` takes them, when no index needs to be taken out of them first).
     fwd_format, bwd_format, block_size, scale_mode, precision, preferred_element_type: as
       in `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's
       own contraction in the forward, dgrad and wgrad; `precision` has nothing to choose).
     out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
       PartitionSpec over the current mesh), as `jnp.einsum` takes it.
+    recipe, rng: as in `mxjax.dot_general` (a block-scaled recipe's roles; a key for
+      stochastic rounding).
 
   Returns:
     The array `jnp.einsum(subscripts, a, b)` would give, in the operands' result dtype
     (or `preferred_element_type`).
   """
-  if len(operands) != 2:
-    raise TypeError(f"mxjax.einsum takes exactly two operands, got {len(operands)}: contract "
+  if len(arrays) != 2:
+    raise TypeError(f"mxjax.einsum takes exactly two operands, got {len(arrays)}: contract "
                     "more of them with one call per pair")
-  a, b = promote_weak_operands(*operands)
-  out_dtype = preferred_element_type or jnp_result_dtype(a, b)
+  a, b = operands.promote_weak(*arrays)
+  out_dtype = preferred_element_type or operands.result_dtype(a, b)
 
   def mx_dot(a, b, dims, out_sharding=None):
     return dot_general(a, b, dims, fwd_format=fwd_format, bwd_format=bwd_format,
                        block_size=block_size, scale_mode=scale_mode, precision=precision,
-                       preferred_element_type=out_dtype, out_sharding=out_sharding)
+                       preferred_element_type=out_dtype, out_sharding=out_sharding,
+                       recipe=recipe, rng=rng)
 
   return einsum_as_dot_general(subscripts, a, b, mx_dot, out_sharding)
 
@@ -69,7 +71,7 @@ def einsum_as_dot_general(subscripts: str, a, b, dot: Callable,
   `lax.dot_general`'s contract (its output dims: batch, a's free, b's free). An
   `out_sharding` of the einsum's output reaches `dot` as its `out_sharding=`, in the
   product's dim order."""
-  a_shape, b_shape = _operand_info(a, "a")[0], _operand_info(b, "b")[0]
+  a_shape, b_shape = operands.info(a, "a")[0], operands.info(b, "b")[0]
   a_ix, b_ix, out_ix = parse_subscripts(subscripts, len(a_shape), len(b_shape))
   sizes = _index_sizes(subscripts, (a_ix, b_ix), (a_shape, b_shape))
   a, a_ix = _keep_needed(a, a_ix, b_ix + out_ix)
@@ -95,7 +97,7 @@ def einsum_as_dot_general(subscripts: str, a, b, dot: Callable,
 
 def _in_product_order(out_sharding, out_ix: str, product_ix: list[str]) -> NamedSharding:
   """The einsum output's sharding, its spec entries moved to the product's dim order."""
-  out_sharding = _named(out_sharding)
+  out_sharding = operands.named(out_sharding)
   spec = tuple(out_sharding.spec) + (None,) * (len(out_ix) - len(out_sharding.spec))
   return NamedSharding(out_sharding.mesh,
                        PartitionSpec(*(spec[out_ix.index(i)] for i in product_ix)))

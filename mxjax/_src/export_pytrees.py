@@ -1,7 +1,7 @@
 """`jax.export` serialization of mxjax's pytree nodes (MXArray, RecipeState,
 TensorScaling), so that an exported function taking or returning them serializes
 (`Exported.serialize`) like one on plain arrays. Their static fields (str, int, float,
-bool, None, dtypes) travel as JSON."""
+bool, None, dtypes, block formats) travel as JSON."""
 
 from __future__ import annotations
 
@@ -10,15 +10,25 @@ import json
 import jax
 import jax.numpy as jnp
 
+from mxjax._src.formats import BlockFormat
+
 
 def _encode(value):
   if value is None or isinstance(value, (str, int, float, bool)):
     return value
+  if isinstance(value, BlockFormat):
+    return {"block_format": [value.element, value.scale.value, list(value.block),
+                             value.tensor_scale, value.scale_mode]}
   return {"dtype": jnp.dtype(value).name}
 
 
 def _decode(value):
-  return jnp.dtype(value["dtype"]) if isinstance(value, dict) else value
+  if not isinstance(value, dict):
+    return value
+  if "block_format" in value:
+    element, scale, block, tensor_scale, mode = value["block_format"]
+    return BlockFormat(element, scale, tuple(block), tensor_scale, mode)
+  return jnp.dtype(value["dtype"])
 
 
 def register(nodetype: type, name: str) -> None:

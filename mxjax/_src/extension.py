@@ -39,6 +39,18 @@ def load() -> None:
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA", api_version=1)
 
 
+@functools.lru_cache(maxsize=None)
+def targets(platform: str) -> frozenset[str]:
+  """The FFI target names this build has for a jax platform ("cpu", "cuda"); none when
+  the extension cannot be imported."""
+  try:
+    ext = _extension()
+  except ImportError:
+    return frozenset()
+  found = {"cpu": ext.registrations, "cuda": ext.cuda_registrations}.get(platform)
+  return frozenset(found()) if found else frozenset()
+
+
 def build_info() -> dict:
   """What the extension was built with: {"cpu": bool, "cuda": bool, "simd": level in use
   ("avx512" / "avx2" / "scalar"), "simd_compiled": [levels], "sanitize": bool, "compiler": str}."""

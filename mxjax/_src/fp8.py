@@ -26,7 +26,7 @@ from jax import lax
 
 from mxjax._src import state as state_lib
 from mxjax._src import formats, products
-from mxjax._src.quantize import _no_derivative
+from mxjax._src.ops import no_derivative
 from mxjax._src.recipes import Recipe
 
 _FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
@@ -139,7 +139,7 @@ def _fp8_dot_fwd(config, lhs, rhs, tensors):
 
 # The cotangent, as the backward reads it: differentiating the backward (grad of grad,
 # jax.hessian) raises instead of differentiating its quantizers (an all-NaN Hessian).
-_once = _no_derivative(lambda g: g, "mxjax's per-tensor FP8 product's gradient")
+_once = no_derivative(lambda g: g, "mxjax's per-tensor FP8 product's gradient")
 
 
 def _fp8_dot_bwd(config: _Config, residuals, cotangents):

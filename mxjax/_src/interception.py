@@ -37,7 +37,7 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 from mxjax._src import rules as rules_lib
-from mxjax._src import gemm, context, formats, products, ragged
+from mxjax._src import projection, context, formats, products, ragged
 from mxjax._src import state as state_lib
 from mxjax._src.mxarray import MXArray
 
@@ -282,7 +282,7 @@ class _Walk:
     return (f"{module}/{op}_{number}" if module else f"{op}_{number}"), op
 
   def _plan(self, path: str, lhs, rhs, contraction: int, out_dtype):
-    """(recipe, None) for an MX product, or (None, reason) for a high-precision one."""
+    """(recipe, None) for a quantized product, or (None, reason) for a high-precision one."""
     dtypes = {jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype), jnp.dtype(out_dtype)}
     if not dtypes <= set(formats.HIGH_PRECISION_DTYPES):
       return None, f"operand dtype {'/'.join(sorted(d.name for d in dtypes))}"
@@ -293,8 +293,9 @@ class _Walk:
     if recipe.stateful():
       return None, (f"{type(recipe).__name__} keeps per-layer state, which only mxjax's "
                     "layers and stock Dense / Einsum layers hold")
-    if recipe.mx() and contraction < recipe.block_size:
-      return None, f"contraction {contraction} shorter than one block ({recipe.block_size})"
+    roles = recipe.roles()
+    if roles is not None and contraction < roles.x.block_size:
+      return None, f"contraction {contraction} shorter than one block ({roles.x.block_size})"
     return recipe, None
 
   def _dot(self, eqn, invals, names, activations: bool):
@@ -311,7 +312,7 @@ class _Walk:
                            activations):
         return self._bind(eqn, invals)
     with products.label(path, op, recipe, activations):
-      return gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
+      return projection.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
                            out_sharding=eqn.params.get("out_sharding"),
                            rng=self._key(recipe))[0]
@@ -332,10 +333,12 @@ class _Walk:
     recipe, reason = self._plan(path, lhs, rhs, jnp.shape(lhs)[-1], eqn.outvars[0].aval.dtype)
     if recipe is not None and not form:
       recipe, reason = None, "a ragged_dot_general other than [M, K] x [G, K, N]"
-    if recipe is not None and (not recipe.mx() or recipe.block_roles() is not None
-                               or p.get("group_offset") is not None):
-      recipe, reason = None, ("ragged_dot runs plain MX recipes only (no 2-D blocks, "
-                              "stochastic rounding or RHT; no group_offset)")
+    if recipe is not None and recipe.roles() is None:
+      recipe, reason = None, f"{type(recipe).__name__}: per-tensor FP8 has no grouped GEMM"
+    if recipe is not None and (why := ragged.unsupported(recipe.roles())) is not None:
+      recipe, reason = None, why
+    if recipe is not None and p.get("group_offset") is not None:
+      recipe, reason = None, "a ragged_dot_general with a group_offset"
     self._note(path, recipe, reason)
     flops = 2 * math.prod(jnp.shape(lhs)) * jnp.shape(rhs)[-1]
     if recipe is None:
@@ -343,10 +346,8 @@ class _Walk:
                            activations):
         return self._bind(eqn, invals)
     with products.label(path, op, recipe, activations):
-      return ragged.ragged_dot(lhs, rhs, group_sizes, fwd_format=recipe.fwd_format,
-                               bwd_format=recipe.bwd_format, block_size=recipe.block_size,
-                               scale_mode=recipe.scale_mode,
-                               preferred_element_type=eqn.outvars[0].aval.dtype)
+      return ragged.ragged_dot(lhs, rhs, group_sizes, recipe=recipe, rng=self._key(recipe),
+                               name=path, preferred_element_type=eqn.outvars[0].aval.dtype)
 
   def _custom(self, eqn, invals, names, count: int):
     """A custom_vjp / custom_jvp function with `count` products: as it is (its derivative

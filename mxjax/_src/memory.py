@@ -101,8 +101,10 @@ def memory_report(variables) -> MemoryReport:
       nbytes_f32 = math.prod(copies[0].shape) * 4
       q_total, q_f32 = q_total + nbytes, q_f32 + nbytes_f32
       axes = ", ".join(str(a.axis) for a in copies)
-      copies_kept[key] = (f"{copies[0].format} along {'axes' if len(copies) > 1 else 'axis'} "
-                          f"{axes} ({len(copies)} cop{'ies' if len(copies) > 1 else 'y'})")
+      along = ("in 2-D tiles" if copies[0].format.two_d else
+               f"along {'axes' if len(copies) > 1 else 'axis'} {axes}")
+      copies_kept[key] = (f"{copies[0].format} {along} "
+                          f"({len(copies)} cop{'ies' if len(copies) > 1 else 'y'})")
     else:
       nbytes = math.prod(jnp.shape(leaf)) * jnp.dtype(leaf.dtype).itemsize
       nbytes_f32 = math.prod(jnp.shape(leaf)) * 4

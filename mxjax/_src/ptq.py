@@ -1,5 +1,6 @@
 """Post-training quantization: a trained high-precision variables tree with its kernels
-stored as MX (one copy, blocks along the contraction), `quantize_params`.
+stored in a block-scaled format (one copy: the recipe's weight format, blocks along the
+contraction or 2-D tiles), `quantize_params`.
 
     variables = checkpointer.restore(path, target)          # trained f32 / bf16 params
     mx_variables = mxjax.quantize_params(variables, mxjax.MXFP4BlockScaling())
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mxjax._src import rules as rules_lib
-from mxjax._src import context, formats
+from mxjax._src import context, formats, projection
 from mxjax._src.mxarray import MXArray
 from mxjax._src.quantize import quantize
 from mxjax._src.recipes import Recipe
@@ -35,17 +36,12 @@ def _is_leaf(x) -> bool:
   return isinstance(x, (MXArray, nnx.Variable))
 
 
-def _check_mx_recipe(recipe, where: str) -> Recipe:
-  recipe = context._check_recipe(recipe, where)  # noqa: SLF001  (None -> MXFP8)
-  if not recipe.mx():
-    raise ValueError(f"{where} stores MX kernels and needs an MX recipe (e.g. "
-                     f"MXFP8BlockScaling()); got {recipe}")
+def _check_block_recipe(recipe, where: str) -> Recipe:
+  recipe = context.check_recipe(recipe, where)  # None -> MXFP8
+  if recipe.roles() is None:
+    raise ValueError(f"{where} stores block-scaled kernels and needs a block-scaled recipe "
+                     f"(MX, NVFP4, FP8 blocks; e.g. MXFP8BlockScaling()); got {recipe}")
   return recipe
-
-
-def _fits(a: MXArray, recipe: Recipe) -> bool:
-  return (a.format == recipe.fwd_format and a.block_size == recipe.block_size
-          and a.scale_mode == recipe.scale_mode)
 
 
 def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "kernel"):
@@ -65,19 +61,26 @@ def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "ker
   if not 1 <= contract_ndim < len(shape):
     raise ValueError(f"quantize_params: the kernel at '{where}' of shape {shape} cannot "
                      f"contract {contract_ndim} leading dims (it needs a feature dim)")
+  fmt = projection.weight_format(recipe, "quantize_params")
+  if fmt.two_d and len(shape) - contract_ndim > 1:
+    raise ValueError(f"quantize_params: the kernel at '{where}' of shape {shape} has several "
+                     f"feature dims, and {fmt}'s 2-D tiles need the kernel as [K, N] (a layer "
+                     f"reading it in its own shape could not): store 1-D weight blocks "
+                     f"(e.g. NVFP4BlockScaling(disable_2d_quantization=True), "
+                     f"Float8BlockScaling(w_block_scaling_dim=1)) or leave it out with a rule")
   if contract_ndim > 1:
     k = 1
     for d in shape[:contract_ndim]:
       k *= d
     w = jnp.reshape(w, (k, -1))
-  return quantize(w, recipe.fwd_format, axis=0, block_size=recipe.block_size,
-                  scale_mode=recipe.scale_mode)
+  return quantize(w, fmt, axis=0)
 
 
 def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
                     contract_ndim: int | Callable[[str], int] = 1):
-  """`variables` with the kernels stored as MX: one MXArray each, blocks along the
-  contraction (what the forward needs: `params x (bits/8 + 1/block)` bytes).
+  """`variables` with the kernels stored in the recipe's weight format: one MXArray each,
+  in blocks along the contraction or 2-D tiles (what the forward needs: the format's
+  bytes per param, e.g. `bits/8 + 1/block` for MX).
 
   Which leaves are kernels: every leaf named `kernel` (the linen / NNX convention for the
   weight of a Dense, DenseGeneral, Linear, LinearGeneral, Einsum, Conv...), plus any leaf
@@ -92,7 +95,8 @@ def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
       its params, or an NNX state (`nnx.state(model)`). It traces:
       `jax.eval_shape(quantize_params, abstract_variables)` gives the target an orbax
       restore of the result needs.
-    recipe: the MX recipe of the kernels no rule decides; None: `MXFP8BlockScaling()`.
+    recipe: the block-scaled recipe of the kernels no rule decides (MX, NVFP4, FP8
+      blocks); None: `MXFP8BlockScaling()`.
     rules: `(pattern, recipe or None)` pairs (`mxjax.rules`); each must match a leaf.
     contract_ndim: how many leading dims of each kernel are contracted, or a function of
       its path. A kernel that contracts several dims (a DenseGeneral with `axis=(-2, -1)`)
@@ -108,14 +112,14 @@ def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
 
   Raises:
     ValueError: naming the path: a kernel that is not 2-D or more, a rule that matches no
-      leaf, a recipe that is not MX, an MXArray there that another recipe made.
+      leaf, a recipe that is not block-scaled, an MXArray there that another recipe made.
   """
   where = "quantize_params"
-  recipe = _check_mx_recipe(recipe, where)
+  recipe = _check_block_recipe(recipe, where)
   checked = rules_lib.check(rules, f"{where}: rules")
   for pattern, rule_recipe in checked:
     if rule_recipe is not None:
-      _check_mx_recipe(rule_recipe, f"{where}: the rule {pattern!r}")
+      _check_block_recipe(rule_recipe, f"{where}: the rule {pattern!r}")
   if isinstance(variables, nnx.Module):
     raise TypeError(f"{where} takes a variables tree: pass nnx.state(model) (then "
                     f"nnx.update(model, result)), not the module")
@@ -137,10 +141,9 @@ def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
     if kernel_recipe is None:
       return leaf
     if isinstance(value, MXArray):
-      if not _fits(value, kernel_recipe):
+      if value.format != projection.weight_format(kernel_recipe, where):
         raise ValueError(f"{where}: recipe mismatch at '{path}': it holds an MXArray "
-                         f"({value.format}, block {value.block_size}, {value.scale_mode}), "
-                         f"but its recipe is [{kernel_recipe}]")
+                         f"({value.format}), but its recipe is [{kernel_recipe}]")
       return leaf
     n = contract_ndim(path) if callable(contract_ndim) else contract_ndim
     mx = quantize_kernel(value, kernel_recipe, int(n), path)

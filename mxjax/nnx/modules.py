@@ -33,7 +33,7 @@ from flax.core import meta
 from flax.nnx.nn import dtypes as nnx_dtypes
 
 from mxjax._src import state as state_lib
-from mxjax._src import gemm, repeated_calls, context, sharding
+from mxjax._src import projection, repeated_calls, context, sharding
 from mxjax._src.recipes import Recipe
 
 
@@ -119,28 +119,28 @@ class Linear(nnx.Module):
     in `flax.nnx.Linear`."""
     kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
-    quantized = gemm.is_quantized(kernel)
+    quantized = projection.is_quantized(kernel)
     if not (quantized or hasattr(kernel, "dtype")):
       raise TypeError(
           f"mxjax.nnx.Linear({self.in_features}, {self.out_features}): the kernel holds "
           f"{type(kernel).__name__}, not an array: a quantized kernel's variables were given "
           "to a layer built outside mxjax.quantized_model_init (nnx.bridge.ToLinen builds "
           "the layer again in every apply: run apply under quantized_model_init too)")
-    x, kernel, bias, dtype = gemm.promote_operands(
+    x, kernel, bias, dtype = projection.promote_operands(
         lambda args: self.promote_dtype(args, dtype=self.dtype), x, kernel, bias,
         self.param_dtype)
     recipe, where = self._recipe(), f"nnx.Linear({self.in_features}, {self.out_features})"
     if quantized:
-      gemm.check_quantized_kernel(kernel, recipe, where)
+      projection.check_quantized_kernel(kernel, recipe, where)
     stored = nnx.as_pure(self.recipe_state)
     in_transform = repeated_calls.traced((x, kernel, stored))
     start, repeated = (repeated_calls.started_from(self, None, stored) if in_transform
                        else (stored, False))
-    run_state, replaced = gemm.reconcile_state(start, recipe, where, can_write=True)
+    run_state, replaced = projection.reconcile_state(start, recipe, where, can_write=True)
     held = start if run_state is not start else None
     rng = (self.mx_rngs() if recipe is not None and recipe.needs_rng()
            and getattr(self, "mx_rngs", None) is not None else None)
-    y, forward_state = gemm.project(x, kernel, recipe, run_state, held,
+    y, forward_state = projection.project(x, kernel, recipe, run_state, held,
                                      dtype=self.preferred_element_type or dtype, where=where,
                                      precision=self.precision,
                                      out_sharding=out_sharding, rng=rng)
@@ -167,7 +167,7 @@ def _quantized_kernel(w, qinit: context.QuantizedInit, kernel_metadata: Mapping[
   if isinstance(w, nnx.VariableMetadata):
     metadata.update(w.metadata)
   w = w.raw_value if isinstance(w, nnx.VariableMetadata) else w
-  kernel = gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+  kernel = projection.quantize_kernel(w, qinit.recipe, qinit.columnwise)
   annotation = metadata.get("out_sharding")
   if not annotation:
     return jax.tree.map(lambda a: QuantizedKernel(a, **metadata), kernel)

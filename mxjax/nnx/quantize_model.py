@@ -36,7 +36,7 @@ from flax import nnx
 from jax import lax
 
 from mxjax._src import rules as rules_lib, state as state_lib
-from mxjax._src import gemm, context, products
+from mxjax._src import projection, context, products
 from mxjax._src.einsum import einsum_as_dot_general
 from mxjax.nnx import every_product
 from mxjax.nnx.modules import AUTOCAST, Linear
@@ -75,7 +75,7 @@ class MXProduct:
 
     def dot(lhs, rhs, dims, out_sharding=None):
       dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-      return gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
+      return projection.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
                            where=f"layer '{self.path}'", dimension_numbers=dims,
                            out_sharding=out_sharding, path=self.path)[0]
 

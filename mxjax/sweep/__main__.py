@@ -135,7 +135,7 @@ class _Sweep:
   """What every run of one invocation shares: data, model, initial params, settings."""
 
   args: argparse.Namespace
-  formats: list[formats.SweepFormat]
+  formats: list[formats.SweepRow]
   data: corpus.Corpus
   config: model_lib.ModelConfig
   lm: model_lib.LanguageModel
@@ -155,15 +155,15 @@ class _Sweep:
   def runner(self, treatment: train.Treatment) -> train.Runner:
     return train.Runner(self.lm, self.train_config, treatment, self.args.seq_len)
 
-  def gemm_treatment(self, f: formats.SweepFormat) -> train.Treatment:
+  def gemm_treatment(self, f: formats.SweepRow) -> train.Treatment:
     a = self.args
     return train.Treatment.for_gemms(f, a.block_size, a.scale_mode, self.rules)
 
-  def weights_treatment(self, f: formats.SweepFormat) -> train.Treatment:
+  def weights_treatment(self, f: formats.SweepRow) -> train.Treatment:
     a = self.args
     return train.Treatment.weights_only(f, a.block_size, a.scale_mode, self.rules)
 
-  def row(self, f: formats.SweepFormat, quantized: str) -> report.Row:
+  def row(self, f: formats.SweepRow, quantized: str) -> report.Row:
     return report.Row(f.name, quantized, f.bytes_per_param(self.args.block_size), f.given)
 
   def checkpoint_key(self, seed: int) -> dict:
@@ -249,7 +249,7 @@ def _fail(message: str) -> NoReturn:
   parser().error(message)
 
 
-def _check_args(args: argparse.Namespace) -> list[formats.SweepFormat]:
+def _check_args(args: argparse.Namespace) -> list[formats.SweepRow]:
   """The formats to run; exits (one line, code 2) on a bad flag before any output."""
   try:
     sweep_formats = formats.parse(args.formats)

@@ -123,7 +123,7 @@ class Treatment:
   rules: tuple = ()
 
   @classmethod
-  def for_gemms(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+  def for_gemms(cls, f: formats_lib.SweepRow, block_size: int = 32,
                 scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
     """Row `f`'s GEMM recipe (QAT, PTQ weights+acts); weight-only rows quantize the
     kernels instead."""
@@ -132,7 +132,7 @@ class Treatment:
     return cls(recipe=f.recipe(block_size, scale_mode), rules=rules)
 
   @classmethod
-  def weights_only(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+  def weights_only(cls, f: formats_lib.SweepRow, block_size: int = 32,
                    scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
     """PTQ weights only: the kernels quantize-dequantized as row `f` stores them."""
     return cls(weight_quantizer=f.weight_quantizer(block_size, scale_mode), rules=rules)

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax import _ffi
-from mxjax.quantize import dequantize, quantize, quantize_2x
+from mxjax._src import extension
+from mxjax._src.quantize import dequantize, quantize, quantize_2x
 
 FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 CPU, GPU = jax.devices("cpu")[0], jax.devices("gpu")[0]
@@ -79,7 +79,7 @@ def swizzle_reference(s):
 
 
 def check_swizzle():
-  _ffi.load()
+  extension.load()
   for rows, cols in ((1, 1), (128, 4), (300, 9), (1024, 224)):
     s = np.random.default_rng(rows).integers(0, 255, (rows, cols), dtype=np.uint8)
     out = jax.ShapeDtypeStruct((swizzle_reference(s).size,), jnp.uint8)
@@ -89,7 +89,7 @@ def check_swizzle():
 
 
 def check_gemm():
-  _ffi.load()
+  extension.load()
   m, n, k = 256, 384, 512
   rng = np.random.default_rng(0)
   a = quantize(jax.device_put(rng.standard_normal((m, k), np.float32), GPU), "e4m3")

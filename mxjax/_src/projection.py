@@ -17,11 +17,11 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax._src import state as state_lib
-from mxjax._src import block_dot, fp8, products
-from mxjax._src.dot import dot_general as mx_dot_general
+from mxjax._src import fp8, products
+from mxjax._src.dot import dot_general
 from mxjax._src.mxarray import MXArray
-from mxjax._src.quantize import quantize_2x
-from mxjax._src.recipes import Recipe, recipe_for_quantized_weight
+from mxjax._src.quantize import quantize, quantize_2x
+from mxjax._src.recipes import Recipe, recipe_for_weight
 
 _DIMS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731  x[..., K] . w[K, N]
 
@@ -67,11 +67,24 @@ def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
 
 
 def quantize_kernel(w, recipe: Recipe, columnwise: bool = False):
-  """A [K, N] kernel quantized for `recipe`: (along K, along N) or, without `columnwise`,
-  the along-K MXArray alone."""
-  along_k, along_n = quantize_2x(w, recipe.fwd_format, axes=(0, 1),
-                                 block_size=recipe.block_size, scale_mode=recipe.scale_mode)
+  """A [K, N] kernel quantized to `recipe`'s weight format: one MXArray of 2-D tiles
+  (serving the forward and the dgrad), or in 1-D blocks the pair (along K, along N) with
+  `columnwise` and the along-K MXArray alone without."""
+  fmt = weight_format(recipe, "quantize_kernel")
+  if fmt.two_d:
+    return quantize(w, fmt)
+  along_k, along_n = quantize_2x(w, fmt, axes=(0, 1))
   return (along_k, along_n) if columnwise else along_k
+
+
+def weight_format(recipe: Recipe, where: str):
+  """The format a recipe's weights are stored in (its weight role's)."""
+  roles = recipe.roles()
+  if roles is None:
+    raise ValueError(f"{where}: {recipe} has no block-scaled weights to store (per-tensor "
+                     "FP8 quantizes with a scale of the current step); use a block-scaled "
+                     "recipe (MX, NVFP4, FP8 blocks)")
+  return roles.w
 
 
 def kernel_2d(kernel, n_in: int, where: str):
@@ -80,7 +93,7 @@ def kernel_2d(kernel, n_in: int, where: str):
   contracts one dim) with its feature dims merged (the blocks stay as they are)."""
   if isinstance(kernel, tuple) or kernel.ndim == 2:
     return kernel
-  if n_in != 1 or kernel.axis != 0:
+  if n_in != 1 or kernel.axis != 0 or kernel.format.two_d:
     raise ValueError(
         f"{where}: its quantized kernel of shape {kernel.shape} (blocks along axis "
         f"{kernel.axis}) does not fit a product contracting {n_in} dims: quantize it in "
@@ -92,9 +105,9 @@ def kernel_2d(kernel, n_in: int, where: str):
 
 
 def weight_recipe(kernel) -> Recipe:
-  """The MX recipe a quantized kernel was made for."""
+  """A recipe whose weights a quantized kernel holds."""
   first = kernel[0] if isinstance(kernel, tuple) else kernel
-  return recipe_for_quantized_weight(first.format, first.block_size, first.scale_mode)
+  return recipe_for_weight(first.format)
 
 
 def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
@@ -103,8 +116,8 @@ def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
   if recipe is None:
     return
   first = kernel[0] if isinstance(kernel, tuple) else kernel
-  if not (recipe.mx() and recipe.fwd_format == first.format
-          and recipe.block_size == first.block_size and recipe.scale_mode == first.scale_mode):
+  roles = recipe.roles()
+  if roles is None or roles.w != first.format:
     raise ValueError(
         f"Recipe mismatch for {where}: its kernel was quantized (quantized_model_init or "
         f"quantize_params) for [{weight_recipe(kernel)}], but the current recipe is "
@@ -214,18 +227,9 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     with products.label(path, "dot_general", recipe):
       return project(x, kernel, recipe, recipe_state, held_state, dtype=dtype, where=where,
                      dimension_numbers=dimension_numbers, out_sharding=out_sharding, rng=rng)
-  elif recipe.block_roles() is not None:
-    if quantized:
-      raise ValueError(f"{where}: a kernel stored quantized (quantized_model_init) cannot "
-                       f"run {recipe}; initialize it in high precision")
-    y = block_dot.dot_general(x, kernel, dims, recipe.block_roles(), rng=rng, where=where,
-                              recipe_name=type(recipe).__name__,
-                              preferred_element_type=dtype, out_sharding=out_sharding)
-  elif recipe.mx():
-    y = mx_dot_general(x, kernel, dims, fwd_format=recipe.fwd_format,
-                       bwd_format=recipe.bwd_format, block_size=recipe.block_size,
-                       scale_mode=recipe.scale_mode, preferred_element_type=dtype,
-                       out_sharding=out_sharding)
+  elif recipe.roles() is not None:
+    y = dot_general(x, kernel, dims, recipe=recipe, rng=rng, name=where,
+                    preferred_element_type=dtype, out_sharding=out_sharding)
   elif recipe.fp8():
     y, amaxes = fp8.dot_general(x, kernel, dims, recipe, recipe_state.tensors or None,
                                 preferred_element_type=dtype, out_sharding=out_sharding)
