@@ -56,6 +56,26 @@ ROWS = []  # the final table
 FAILED = []
 
 
+CASES = [  # check_case's arguments
+    dict(name="square 1Dx1D", m=128, n=128, k=128),
+    dict(name="square 1Dx2D bf16", m=256, n=384, k=512, b_block=128, out="bfloat16"),
+    dict(name="tiny", m=8, n=8, k=16, specials=False),
+    dict(name="K < 128", m=320, n=336, k=64, b_block=128),
+    dict(name="K < 128 1D", m=320, n=336, k=64),
+    dict(name="odd M,N,K (L=4)", m=200, n=264, k=400, b_block=128),
+    dict(name="odd M,N,K (L=6, padded tiles)", m=200, n=264, k=656, b_block=128),
+    dict(name="odd M,N,K 1D", m=200, n=264, k=656),
+    dict(name="e5m2 a", m=256, n=256, k=1024, a_el="e5m2", b_block=128, out="bfloat16"),
+    dict(name="e5m2 b", m=256, n=256, k=1024, b_el="e5m2", b_block=1),
+    dict(name="FP32 (non-pow2) scales", m=264, n=136, k=1024, scale="fp32", b_block=128),
+    dict(name="FP32 scales 1D", m=264, n=136, k=1024, scale="fp32"),
+    dict(name="f16 out", m=256, n=256, k=512, b_block=128, out="float16"),
+    dict(name="batched a [2, 64, K]", m=128, n=256, k=384, lead=(2, 64), b_block=128),
+    dict(name="large", m=1024, n=1024, k=4096, b_block=128, out="bfloat16"),
+    dict(name="large 1D f32", m=1024, n=512, k=4096),
+]
+
+
 def report(name, shape, status, detail=""):
   ROWS.append((name, shape, status, detail))
   print(f"{status:6s} {name} {shape} {detail}", flush=True)
@@ -299,25 +319,7 @@ def main():
     report("available() on a 9.x GPU", "", "FAIL", "False; the cases below show why")
   print(f"available(): {fbg.available(GPU)}; cuBLASLt version {cublaslt_version()}")
 
-  cases = [
-      dict(name="square 1Dx1D", m=128, n=128, k=128),
-      dict(name="square 1Dx2D bf16", m=256, n=384, k=512, b_block=128, out="bfloat16"),
-      dict(name="tiny", m=8, n=8, k=16, specials=False),
-      dict(name="K < 128", m=320, n=336, k=64, b_block=128),
-      dict(name="K < 128 1D", m=320, n=336, k=64),
-      dict(name="odd M,N,K (L=4)", m=200, n=264, k=400, b_block=128),
-      dict(name="odd M,N,K (L=6, padded tiles)", m=200, n=264, k=656, b_block=128),
-      dict(name="odd M,N,K 1D", m=200, n=264, k=656),
-      dict(name="e5m2 a", m=256, n=256, k=1024, a_el="e5m2", b_block=128, out="bfloat16"),
-      dict(name="e5m2 b", m=256, n=256, k=1024, b_el="e5m2", b_block=1),
-      dict(name="FP32 (non-pow2) scales", m=264, n=136, k=1024, scale="fp32", b_block=128),
-      dict(name="FP32 scales 1D", m=264, n=136, k=1024, scale="fp32"),
-      dict(name="f16 out", m=256, n=256, k=512, b_block=128, out="float16"),
-      dict(name="batched a [2, 64, K]", m=128, n=256, k=384, lead=(2, 64), b_block=128),
-      dict(name="large", m=1024, n=1024, k=4096, b_block=128, out="bfloat16"),
-      dict(name="large 1D f32", m=1024, n=512, k=4096),
-  ]
-  for i, case in enumerate(cases):
+  for i, case in enumerate(CASES):
     try:
       check_case(**case, seed=i)
     except Exception as err:  # noqa: BLE001
