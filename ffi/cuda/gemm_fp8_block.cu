@@ -12,8 +12,8 @@
 //   out       [..., N]          bf16 / f16 / f32: out[m, n] = sum_j a_scales[m, j] *
 //                               b_scales[., j] * sum_{k in block j} a[m, k] * b[n, k]
 //   workspace [W] u8            scratch result (the caller drops it): the scales in
-//                               cuBLASLt's layout, then cuBLASLt's workspace
-//                               (fp8_block_gemm_scratch_bytes + the workspace bytes wanted).
+//                               cuBLASLt's layout, then cuBLASLt's workspace (all the rest;
+//                               mxjax.fp8_block_gemm.scratch_bytes gives 32 MiB).
 //   attribute b_block_rows      int64: 1 or 128.
 //
 // Layouts: fp8_block_scales.h (the compact layout above is relaid into cuBLASLt's by two
@@ -24,7 +24,9 @@
 //
 // Numerics (cuBLAS docs; TransformerEngine's reference of this GEMM): each 128-wide K block
 // is multiplied on the FP8 tensor cores and its partial sum promoted to an f32 accumulator
-// as acc = fma(partial * s1, s2, acc), s1 / s2 the two block scales (1-D scale first).
+// as acc = fma(partial * s1, s2, acc), s1 / s2 the two block scales: s1 is a's where b's
+// are 2-D, b's where both are 1-D (so partial * s1 can overflow f32 for a block amax above
+// about FLT_MAX / 2^16 even where the product is finite).
 // FAST_ACCUM must stay 0 (cuBLASLt refuses these scale modes with it).
 //
 // Refusals (never a crash): compute capability other than 9.x (the scale modes exist only
@@ -36,10 +38,8 @@
 // N % 8; TransformerEngine requires M % 8 for a 1-D scaled B as well). Each message names
 // its rule. NOT RUN YET: written and compiled without a GPU (ffi/cuda/tests/
 // gpu_check_fp8_gemm.py checks it on a Hopper GPU).
-#include <cstring>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <tuple>
 
