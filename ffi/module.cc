@@ -44,6 +44,7 @@ NB_MODULE(_mxjax_ffi, m) {
     // [cuda engineer] CUDA-only targets (ffi/cuda/handlers.h).
     d["mxjax_swizzle_scales"] = capsule(MxjaxSwizzleScalesCuda);
     d["mxjax_mx_gemm"] = capsule(MxjaxMxGemmCuda);
+    d["mxjax_fp8_block_gemm"] = capsule(MxjaxFp8BlockGemmCuda);
 #endif
     return d;
   }, "{target name: capsule} of the CUDA (platform \"CUDA\") handlers; empty without CUDA.");

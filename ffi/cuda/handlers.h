@@ -12,5 +12,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(MxjaxDequantizeCuda);  // mxjax_dequantize
 // CUDA only (no CPU twin):
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MxjaxSwizzleScalesCuda);  // mxjax_swizzle_scales
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MxjaxMxGemmCuda);         // mxjax_mx_gemm (Blackwell)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MxjaxFp8BlockGemmCuda);   // mxjax_fp8_block_gemm (Hopper)
 
 #endif  // MXJAX_CUDA_HANDLERS_H_
