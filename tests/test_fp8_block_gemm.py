@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mxjax import _ffi
-from mxjax import fp8_block_gemm as fbg
+from mxjax._src import extension
+from mxjax._src import fp8_block_gemm as fbg
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")
@@ -34,10 +34,10 @@ def test_not_available_off_a_hopper_gpu():
 
 
 def test_target_is_built_with_cuda():
-  if not _ffi.build_info()["cuda"]:
+  if not extension.build_info()["cuda"]:
     pytest.skip("extension built without CUDA")
-  assert fbg.TARGET in _ffi._extension().cuda_registrations()
-  assert fbg.TARGET not in _ffi._extension().registrations()  # no CPU twin
+  assert fbg.TARGET in extension._extension().cuda_registrations()
+  assert fbg.TARGET not in extension._extension().registrations()  # no CPU twin
 
 
 @pytest.mark.parametrize("a_dtype, b_dtype, match", [
@@ -115,7 +115,7 @@ def test_valid_call_on_cpu_says_where_it_runs(b_block):
 
 
 def test_under_jit_on_cpu_xla_cannot_lower_it():
-  if not _ffi.build_info()["cuda"]:
+  if not extension.build_info()["cuda"]:
     pytest.skip("extension built without CUDA (the target is not registered at all)")
   a, sa, b, sb = operands()
   with pytest.raises(Exception, match=fbg.TARGET):

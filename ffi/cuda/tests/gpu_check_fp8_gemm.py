@@ -7,7 +7,7 @@ through cuBLASLt) for a Hopper GPU (compute capability 9.x) and a CUDA jaxlib:
 Exit status 0 when every check passes (on a GPU that is not 9.x: when the target refuses
 it with its "compute capability 9.x" message), 1 otherwise; a table at the end.
 
-1. Correctness. Operands are quantized on the CPU with mxjax.block_ops (bit-equal to
+1. Correctness. Operands are quantized on the CPU with mxjax.quantize (bit-equal to
    mxjax.reference.block_quantize): a in 1x128 blocks, b in 1x128 blocks or 128x128 tiles,
    FP32_POW2 and FP32 scales, e4m3 / e5m2, with blocks of zeros, tiny (2^-50) and huge
    (2^70, in a) amax among random magnitudes 2^[-20, 20]. The oracle is the float64 product of
@@ -38,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax import _ffi, block_ops, reference
-from mxjax import fp8_block_gemm as fbg
-from mxjax.block_format import BlockFormat
+import mxjax
+from mxjax import reference
+from mxjax._src import fp8_block_gemm as fbg
+from mxjax._src.formats import BlockFormat
 
 CPU = jax.devices("cpu")[0]
 try:
@@ -115,10 +116,9 @@ def quantized(x, bf):
   """(float8 codes, f32 scales) on the GPU and the f64 dequantized oracle operand (CPU)."""
   with jax.default_device(CPU):
     xc = jax.device_put(jnp.asarray(x), CPU)
-    codes, scales, _ = block_ops.quantize(xc, bf, axis=-1)
-    deq = _dequantize(codes, scales, None, bf, axis=-1)
-  f8 = jax.lax.bitcast_convert_type(codes, F8[bf.element])
-  sc = jax.lax.bitcast_convert_type(scales, jnp.float32)
+    a = mxjax.quantize(xc, bf, axis=-1)
+    deq = _dequantize(*reference.block_quantize(xc, bf, axis=-1), bf, axis=-1)
+  f8, sc = a.data, a.scales
   return (jax.device_put(f8, GPU), jax.device_put(sc, GPU), np.asarray(deq, np.float64),
           np.asarray(sc))
 
@@ -296,10 +296,10 @@ def main():
   if GPU is None:
     print("FAIL: no GPU (jax.devices('gpu') is empty); run this on a Hopper GPU with a CUDA jaxlib")
     return 1
-  _ffi.load()
+  extension.load()
   cc = GPU.compute_capability
   print(f"device: {GPU.device_kind}, compute capability {cc}, jax {jax.__version__}")
-  if fbg.TARGET not in _ffi._extension().cuda_registrations():
+  if fbg.TARGET not in extension._extension().cuda_registrations():
     sys.exit("FAIL: the extension has no mxjax_fp8_block_gemm (built without CUDA?)")
   if not cc.startswith("9."):
     try:

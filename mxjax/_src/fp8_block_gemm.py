@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from mxjax import _ffi
+from mxjax._src import extension
 
 TARGET = "mxjax_fp8_block_gemm"
 BLOCK = 128
@@ -126,7 +126,7 @@ def fp8_block_gemm(a_codes, a_scales, b_codes, b_scales, *, b_block: int,
     raise ValueError(err)
   for x, name in ((a, "a_codes"), (b, "b_codes")):
     _check_device(x, name)
-  _ffi.load()
+  extension.load()
   call = jax.ffi.ffi_call(
       TARGET,
       (jax.ShapeDtypeStruct((*lead, n), out_dtype),
@@ -158,7 +158,7 @@ def available(device=None) -> bool:
   if device.platform != "gpu" or not str(getattr(device, "compute_capability", "")).startswith("9."):
     return False
   try:
-    if TARGET not in _ffi._extension().cuda_registrations():
+    if TARGET not in extension.targets("cuda"):
       return False
   except ImportError:
     return False
