@@ -43,7 +43,8 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.sharding import NamedSharding
 
-from mxjax._src import contraction, formats, hadamard, operands, ops, stochastic
+from mxjax._src import (backend, contraction, formats, fp8_block_gemm, hadamard, operands, ops,
+                        stochastic)
 from mxjax._src.formats import BlockFormat, ScaleFormat
 from mxjax._src.mxarray import MXArray
 from mxjax._src.operand_dtype import cpu_operand_dtype
@@ -183,8 +184,59 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
   dot = functools.partial(_dot, contract=contract, out_sharding=out_sharding)
   cpu_dtype = cpu_operand_dtype() if dtype == jnp.bfloat16 else jnp.dtype(jnp.float32)
   cpu_dot = _cpu_bf16_dot(contract, out_sharding) if cpu_dtype == jnp.bfloat16 else dot
-  return lax.platform_dependent(cpu=with_operands(cpu_dtype, cpu_dot),
-                                default=with_operands(dtype, dot))
+  branches = dict(cpu=with_operands(cpu_dtype, cpu_dot))
+  if out_sharding is None and (gemm := _fp8_tensor_core_gemm(a, b, contract)) is not None:
+    branches["cuda"] = gemm
+  return lax.platform_dependent(**branches, default=with_operands(dtype, dot))
+
+
+def _fp8_block(fmt: BlockFormat) -> bool:
+  return (fmt.element_format.bits == 8 and fmt.block_size == fp8_block_gemm.BLOCK
+          and fmt.scale in (ScaleFormat.FP32, ScaleFormat.FP32_POW2))
+
+
+def _fp8_tensor_core_gemm(a, b, contract: tuple[int, int]):
+  """The product of two FP8-block operands on Hopper's FP8 tensor cores (cuBLASLt's
+  block-scaled GEMM, `mxjax._src.fp8_block_gemm`) where this GPU, the build and the
+  shapes allow it; None elsewhere (the dequantized product then runs)."""
+  fa, fb = _fmt(a), _fmt(b)
+  if not (_fp8_block(fa) and _fp8_block(fb)) or (fa.two_d and fb.two_d) or (
+      fa.element == fb.element == "e5m2"):
+    return None
+  if not backend.uses_kernel("cuda", fp8_block_gemm.TARGET) or not fp8_block_gemm.available():
+    return None
+  shape_a, shape_b = _shape(a), _shape(b)
+  if len(shape_a) != 2 or len(shape_b) != 2:  # batched products: the dequantized path
+    return None
+  m, n, k = shape_a[1 - contract[0]], shape_b[1 - contract[1]], shape_a[contract[0]]
+  swap = fa.two_d  # cuBLASLt takes the 2-D operand as b: compute (b . a^T)^T
+  if fp8_block_gemm.shape_error(n, m, k) if swap else fp8_block_gemm.shape_error(m, n, k):
+    return None
+
+  def run():
+    (ca, sa), (cb, sb) = _rows_by_k(a, contract[0]), _rows_by_k(b, contract[1])
+    if swap:
+      out = fp8_block_gemm.fp8_block_gemm(cb, sb, ca, sa, b_block=fa.block[0],
+                                          out_dtype=jnp.float32)
+      return out.T
+    return fp8_block_gemm.fp8_block_gemm(ca, sa, cb, sb, b_block=fb.block[0],
+                                         out_dtype=jnp.float32)
+
+  return run
+
+
+def _shape(a) -> tuple[int, ...]:
+  return a.x.shape if isinstance(a, _OnUse) else a.shape
+
+
+def _rows_by_k(a, contract: int):
+  """(codes [rows, K], scales) of a 2-D quantized operand whose position `contract` is K
+  (an `_OnUse` quantized first), K-contiguous as cuBLASLt's FP8 GEMM reads them."""
+  if isinstance(a, _OnUse):
+    a = _quantized(a.x, a.fmt, a.axis, a.rand)
+  if contract == 1:
+    return a.data, a.scales
+  return a.data.T, a.scales.T
 
 
 def _dot(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
