@@ -138,8 +138,9 @@ def leaf_specs(value, entries: Sequence, counts: Sequence[int | None]):
                            for e, n, m, k in zip(entries, a.shape, full, counts)))
 
   def specs(x):
-    if isinstance(x, MXArray):
-      return dataclasses.replace(x, data=spec(x.data, x.shape), scales=spec(x.scales, x.shape))
+    if isinstance(x, MXArray):  # a tensor scale (a scalar) is replicated
+      return dataclasses.replace(x, data=spec(x.data, x.shape), scales=spec(x.scales, x.shape),
+                                 tensor_scale=None if x.tensor_scale is None else PartitionSpec())
     return spec(x, x.shape)
 
   return jax.tree.map(specs, value, is_leaf=lambda x: isinstance(x, MXArray))
