@@ -304,7 +304,7 @@ def quantize_2x(x, format="e4m3", *, axes: tuple[int, int] = (-1, -2),
     format, block_size, scale_mode: as in `quantize`.
 
   Returns:
-    `(along axes[0], along axes[1])`, two `MXArray`s of x's logical shape.
+    `(along axes[0], along axes[1])`, two `MXArray` of x's logical shape.
   """
   x = _check_input(x, "quantize_2x")
   if x.ndim < 2:
