@@ -277,9 +277,9 @@ def _curves(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
   seeds = _seeds(rows)
   ax.set_xlabel("step")
   ax.set_ylabel("cross entropy (nats / byte)")
-  ax.set_title("training loss (moving average" + (f", mean of {seeds} seeds, band: min-max"
+  ax.set_title("training loss, moving average" + (f" (mean of {seeds} seeds;\nband: min-max)"
                                                   if seeds > 1 else "")
-               + "); dot: validation loss", fontsize=9)
+               + "; dot: validation loss", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
 
@@ -291,7 +291,7 @@ def _differences(ax, rows: Sequence[Row], colors: dict) -> None:
   if base is None:
     return
   base_runs = {run.seed: run.curve for run in base.runs if run.curve}
-  peak = 0.0
+  peak, top, bottom = 0.0, 0.0, 0.0
   for r in rows:
     if r is base:
       continue
@@ -314,21 +314,22 @@ def _differences(ax, rows: Sequence[Row], colors: dict) -> None:
     tail = mean[len(mean) // 10:]
     if tail.size and np.all(np.isfinite(tail)):
       peak = max(peak, float(np.max(np.abs(tail))))
+      top, bottom = max(top, float(np.max(diffs))), min(bottom, float(np.min(diffs)))
   ax.axhline(0.0, color="black", linewidth=1, label=f"{base.format} (zero)")
   if peak > 2.0:  # one far row (MXFP4 round-to-nearest) must not flatten the close ones
     from matplotlib import ticker
     ax.set_yscale("symlog", linthresh=1.0, linscale=2.0)
-    lo, hi = ax.get_ylim()
-    marks = [v for v in (-20, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 20, 50, 100)
-             if lo <= v <= hi]
+    marks = [v for v in (-50, -20, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 20, 50, 100)
+             if abs(v) <= 1 or bottom <= v <= top]
     ax.yaxis.set_major_locator(ticker.FixedLocator(marks))
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:+g}" if v else "0"))
     ax.yaxis.set_minor_locator(ticker.NullLocator())
   ax.set_xlabel("step")
   ax.set_ylabel(f"training loss − {base.format}'s, same step (%)")
-  ax.set_title(f"difference from {base.format} (moving averages"
-               + (", band: seeds' min-max" if _seeds(rows) > 1 else "")
-               + ("; symlog axis: linear within ±1%" if peak > 2.0 else "") + ")", fontsize=9)
+  notes = (["band: seeds' min-max"] if _seeds(rows) > 1 else []) + (
+      ["symlog axis, linear within ±1%"] if peak > 2.0 else [])
+  ax.set_title(f"training loss minus {base.format}'s, moving averages"
+               + (f"\n({'; '.join(notes)})" if notes else ""), fontsize=9)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)
 
@@ -364,8 +365,8 @@ def _deltas(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
   ax.set_xlim(lo - 0.3 * span if lo < 0 else -0.02 * span, 1.3 * span if span else 1.0)
   ax.set_xlabel("Δ validation loss vs bf16 (%)")
   if seeds > 1:
-    ax.set_title(f"Δ validation loss: mean of {seeds} seeds (bar), ±2 SE, seeds (dots);"
-                 " * beyond 2 SE", fontsize=9)
+    ax.set_title(f"Δ validation loss: mean of {seeds} seeds (bar),\n±2 SE (whiskers), seeds "
+                 "(dots); * beyond 2 SE", fontsize=9)
   else:
     ax.set_title("Δ validation loss, one seed (no error bars: --seeds N gives them;\n"
                  "at this size ~0.1-0.2% is seed noise)", fontsize=9)
