@@ -236,3 +236,26 @@ def test_coverage_outside_an_autocast_says_so():
                             jnp.ones((128, 32), jnp.bfloat16))
   assert inside.mx_share == 1.0 and "NO ACTIVE AUTOCAST" not in inside.table()
   assert direct.mx_share == 1.0 and direct.autocast is None
+
+
+def test_ci_runs_the_readme_commands():
+  """`.ci/run` runs the README's build-tools line and its test command, character for
+  character; the build tools include every build requirement of pyproject.toml (a build
+  without isolation needs them installed), and both installs build without isolation, in
+  the stable build folder (so the second one recompiles nothing)."""
+  import os  # noqa: PLC0415
+  import re  # noqa: PLC0415
+  tomllib = pytest.importorskip("tomllib")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  block = re.search(r"## Install.*?```sh\n(.*?)```", readme, re.S).group(1)
+  tools, demo, test = [line for line in block.splitlines() if line and not line.startswith("#")]
+  ci = open(os.path.join(root, ".ci", "run"), encoding="utf-8").read().splitlines()
+  assert f"{tools} || exit 1" in ci and test in ci
+  assert test == 'pip install --no-build-isolation ".[test,docs]" && pytest'
+  assert demo == "pip install --no-build-isolation . && mxjax-sweep"
+  with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    pyproject = tomllib.load(f)
+  for requirement in pyproject["build-system"]["requires"]:
+    assert f'"{requirement}"' in tools, requirement
+  assert pyproject["tool"]["scikit-build"]["build-dir"] == "build/{wheel_tag}"
