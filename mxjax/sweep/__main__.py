@@ -328,8 +328,8 @@ def main(argv=None) -> int:
   print(text)
   outputs = [f"{md_path} (this table)", f"{json_path} (every run and its curve)",
              f"{png_path} (the plot)"]
-  outputs += [f"{checkpoint.directory(args.out, seed)} (the bf16 params: --mode ptq, "
-              "mxjax-eval)" for seed in seeds
+  outputs += [f"{os.path.join(args.out, checkpoint.DIRNAME, f'seed_{seed}')} (the bf16 "
+              "params: --mode ptq, mxjax-eval)" for seed in seeds
               if os.path.isdir(checkpoint.directory(args.out, seed))]
   print(f"wrote {', '.join(outputs)} ({seconds:.1f} s total)")
   return 0
