@@ -259,3 +259,29 @@ def test_site_serves_from_a_local_server(site):
   finally:
     server.shutdown()
     server.server_close()
+
+
+def test_runner_fails_a_block_on_a_warning_it_does_not_state(tmp_path):
+  """The runner fails a block that warns (warnings module or logging) unless a comment
+  line states the warning, fails a stated warning that does not come, and runs every
+  block in a fresh namespace (a name from an earlier block is a NameError)."""
+  blocks = {
+      "silent": "x = 1",
+      "warns": "import warnings\nwarnings.warn('something odd')",
+      "stated": "import warnings\n# expected warning: something odd\nwarnings.warn('something odd')",
+      "logs": "import logging\nlogging.getLogger('lib').warning('careful')",
+      "missing": "# expected warning: never comes\ny = 2",
+      "alone": "print(x)",
+  }
+  pages = {name: [[1, src, EXPECTED.findall(src)]] for name, src in blocks.items()}
+  (tmp_path / "pages.json").write_text(json.dumps(pages))
+  (tmp_path / "runner.py").write_text(_RUNNER)
+  subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "pages.json"),
+                  str(tmp_path / "results.json")], check=True, cwd=tmp_path, timeout=60)
+  results = json.loads((tmp_path / "results.json").read_text())
+  ran = {name: r["ran"] for name, r in results.items()}
+  assert ran == {"silent": 1, "warns": 0, "stated": 1, "logs": 0, "missing": 0, "alone": 0}
+  assert "UserWarning: something odd" in results["warns"]["errors"][0]
+  assert "logging WARNING: careful" in results["logs"]["errors"][0]
+  assert "never comes" in results["missing"]["errors"][0]
+  assert "NameError" in results["alone"]["errors"][0]
