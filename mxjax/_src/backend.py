@@ -170,12 +170,14 @@ def backend_info(device: jax.Device | None = None) -> dict:
   """Describes the build and the path of each op on `device` (default: jax's first).
 
   Returns:
-    {"build": the extension's build_info() (cpu, cuda, simd level, ...), or {} when the
-       extension is not built,
-     "kernels": the setting ("auto" / "ffi" / "xla"),
-     "device": str, "platform": "cpu" | "cuda" | "rocm" | "tpu" | ...,
-     "compute_capability": str | None (GPUs),
-     "ops": {op name: path on this device}}
+    A dict::
+
+      {"build": the extension's build_info() (cpu, cuda, simd level, ...), or {} when the
+         extension is not built,
+       "kernels": the setting ("auto" / "ffi" / "xla"),
+       "device": str, "platform": "cpu" | "cuda" | "rocm" | "tpu" | ...,
+       "compute_capability": str | None (GPUs),
+       "ops": {op name: path on this device}}
   """
   try:
     build = extension.build_info()

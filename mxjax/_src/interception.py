@@ -44,6 +44,8 @@ from mxjax._src.mxarray import MXArray
 def quantized(fn, rules=None, *, name: str | None = None):
   """`fn` with every product it computes run through mxjax (a function transformation).
 
+  For example::
+
       loss_mx = mxjax.quantized(loss, rules=[(r"attn/einsum", None)])
       with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
         grads = jax.grad(loss_mx)(params, batch)

@@ -22,6 +22,7 @@ import itertools
 import math
 import re
 import threading
+import warnings
 
 import jax
 from jax.extend import core as jex_core
@@ -32,6 +33,8 @@ SCOPE = "scope"
 #: Why a product is in high precision when nothing intercepted it.
 NOT_INTERCEPTED = ("not intercepted: no mxjax.quantized / linen.intercept / nnx.quantize "
                    "around it under an enabled autocast")
+#: Why a product is in high precision when `coverage` ran outside every enabled autocast.
+NO_AUTOCAST = "no recipe: no enabled mxjax.autocast around the coverage call"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +172,16 @@ def paths_to_quantize(report: "Coverage") -> list[ProductPath]:
 
 @dataclasses.dataclass(frozen=True)
 class Coverage:
-  """Every product of a traced program, in trace order (see `coverage`)."""
+  """Every product of a traced program, in trace order (see `coverage`).
+
+  Attributes:
+    products: one `Product` per product, in trace order.
+    autocast: the recipe of the enabled `mxjax.autocast` the program was traced under,
+      described (e.g. "MXFP8BlockScaling(e4m3/e5m2, block 32)"); None outside one.
+  """
 
   products: tuple[Product, ...]
+  autocast: str | None = None
 
   @property
   def total_flops(self) -> int:
@@ -189,12 +199,16 @@ class Coverage:
   def table(self) -> str:
     """A plain-text table: path, op, shapes, MFLOP, recipe or 'high precision: reason'."""
     rows = [("path", "op", "lhs x rhs", "MFLOP", "recipe")]
+    head = (f"under autocast({self.autocast})" if self.autocast is not None else
+            "NO ACTIVE AUTOCAST: traced outside mxjax.autocast(...), so nothing picked a "
+            "recipe; call coverage inside the autocast the model runs under")
     for p in self.products:
       shapes = f"{list(p.lhs_shape)} x {list(p.rhs_shape)}"
       what = p.recipe if p.mx else f"high precision: {p.reason}"
       rows.append((p.path or "?", p.op, shapes, f"{p.flops * p.calls / 1e6:.3g}", what))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]
+                      for r in rows]
     lines.append(f"MX share of dot FLOPs: {100 * self.mx_share:.1f}% "
                  f"({len([p for p in self.products if p.mx])} of {len(self.products)} products)")
     return "\n".join(lines)
@@ -209,22 +223,37 @@ def coverage(fn, *args, **kwargs) -> Coverage:
   `ragged_dot` ... of the traced program: its path, shapes, FLOPs and recipe, or "high
   precision" with the reason (a rule, an integer operand, a contraction shorter than one
   block, nothing intercepted it, ...). Call it as you call the function, inside the same
-  `autocast` / `intercept`:
+  `autocast` / `intercept`::
 
       with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()), mxjax.linen.intercept():
         print(mxjax.coverage(model.apply, variables, tokens))
 
+  Outside an enabled `autocast` the table's first line says so, products left in high
+  precision give that as their reason, and a `UserWarning` tells: a 0% MX share there
+  means "no recipe", not a model that cannot be quantized.
+
   Args:
     fn: any function of arrays (jitted or not).
-    args, kwargs: its arguments (arrays or `jax.ShapeDtypeStruct`s).
+    *args: its positional arguments (arrays or `jax.ShapeDtypeStruct` values).
+    **kwargs: its keyword arguments.
 
   Returns:
     A `Coverage`: `.products` (`Product` rows in trace order), `.mx_share`, `.table()`.
   """
+  import mxjax  # noqa: PLC0415 - the public context (products sits below it)
+  recipe = mxjax.get_recipe()
   closed = jax.make_jaxpr(fn)(*args, **kwargs)
   products: list[Product] = []
   _walk(closed.jaxpr, "", 1, None, products, set())
-  return Coverage(tuple(products))
+  if recipe is None:
+    products = [dataclasses.replace(p, reason=NO_AUTOCAST) if p.reason == NOT_INTERCEPTED
+                else p for p in products]
+    if any(not p.mx for p in products):
+      warnings.warn("mxjax.coverage ran outside an enabled mxjax.autocast: no recipe is "
+                    "active, so intercepted products and mxjax's modules stay in high "
+                    "precision. Call it inside the autocast (and intercept) the model runs "
+                    "under.", UserWarning, stacklevel=2)
+  return Coverage(tuple(products), None if recipe is None else describe(recipe))
 
 
 def name_stack_of(eqn) -> str:

@@ -59,7 +59,7 @@ def quantize_2x(x, format="e4m3", *, axes: tuple[int, int] = (-1, -2),
       quantization serves both orientations: `quantize` makes it).
 
   Returns:
-    `(along axes[0], along axes[1])`, two `MXArray`s of x's logical shape (one tensor
+    `(along axes[0], along axes[1])`, two `MXArray` of x's logical shape (one tensor
     scale, x's, for both).
   """
   x = ops.check_input(x, "quantize_2x")

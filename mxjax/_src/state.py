@@ -300,7 +300,7 @@ def reduce_amax(amax, recipe: Recipe) -> jax.Array:
 
 
 def tensor_amax(x, recipe: Recipe) -> jax.Array:
-  """max |x| as f32[] (over all devices, see `reduce_amax`); 0 for an empty x (a zero-size
+  """max(abs(x)) as f32[] (over all devices, see `reduce_amax`); 0 for an empty x (a zero-size
   batch)."""
   return reduce_amax(jnp.max(jnp.abs(x), initial=0).astype(jnp.float32), recipe)
 

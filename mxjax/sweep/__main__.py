@@ -35,11 +35,15 @@ Rows show the canonical (first) name; results.json also records the name given.
 mxjax.linen.intercept; weight-only rows quantize the same kernels): all; no_ends (the
 first and last GEMM and the LM head stay bf16); mlp_only (only the MLPs' GEMMs).
 
-Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png.
+Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png,
+and the bf16 model's params in OUT/bf16_checkpoint/seed_S (what --mode ptq and
+mxjax-eval load). The progress bars' ETAs start after each run's first step (its
+compilation).
 With --seeds N every row runs under N seeds (init and data order; the corpus stays the
 one --seed draws): the table gives mean ± std of the validation loss and of Δ (each
 seed's Δ against bf16 of the same seed) and marks Δ significant when |mean Δ| exceeds
-2 standard errors (std / sqrt(N)); the PNG shades the seeds' spread.
+2 standard errors (std / sqrt(N)); the PNG shades the seeds' spread and draws ±2 SE
+whiskers. One seed gives values without error bars.
 
 Examples:
   mxjax-sweep                                   # the demo: bf16 + 5 MX formats, CPU
@@ -316,12 +320,18 @@ def main(argv=None) -> int:
               params=dict(total=total, in_kernels=in_kernels), seconds=seconds,
               environment=_environment())
   png_path = report.plot(args.out, rows, args.mode, title)
-  with open(os.path.join(args.out, "results.md"), "w") as f:
+  md_path = os.path.join(args.out, "results.md")
+  with open(md_path, "w") as f:
     f.write(f"{title}\n\n{text}\n")
   json_path = report.write_json(args.out, rows, meta)
   print(title)
   print(text)
-  print(f"wrote {json_path}, {png_path} ({seconds:.1f} s total)")
+  outputs = [f"{md_path} (this table)", f"{json_path} (every run and its curve)",
+             f"{png_path} (the plot)"]
+  outputs += [f"{os.path.join(args.out, checkpoint.DIRNAME, f'seed_{seed}')} (the bf16 "
+              "params: --mode ptq, mxjax-eval)" for seed in seeds
+              if os.path.isdir(checkpoint.directory(args.out, seed))]
+  print(f"wrote {', '.join(outputs)} ({seconds:.1f} s total)")
   return 0
 
 

@@ -216,10 +216,11 @@ class Runner:
     state, opt_state = self.state0, self.tx.init(params)
     curve, times = [], []
     start = time.perf_counter()
-    bar = tqdm(range(self.config.steps), desc=desc, disable=not progress, leave=True,
+    bar = tqdm(total=self.config.steps, desc=desc, disable=not progress, leave=True,
                dynamic_ncols=True)
+    bar.set_postfix_str("compiling")
     with self.treatment.context():
-      for i in bar:
+      for i in range(self.config.steps):
         batch = jnp.asarray(next(batches))
         t0 = time.perf_counter()
         key = (jax.random.fold_in(jax.random.key(self.config.seed + 7919), i)
@@ -228,6 +229,9 @@ class Runner:
         loss = float(loss)  # waits for the step
         times.append(time.perf_counter() - t0)
         curve.append(loss)
+        if i == 0:  # the first step compiled: the rate (and ETA) starts from here
+          bar.reset()
+        bar.update(1)
         if i % 10 == 0 or i == self.config.steps - 1:
           bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()
