@@ -334,6 +334,7 @@ void bench_f32(const Buffers& b) {
 }  // namespace mxjax::cuda
 
 int main(int argc, char** argv) {
+  using namespace mxjax;
   using namespace mxjax::cuda;
   const int64_t m = argc > 2 ? std::atoll(argv[1]) : 32768, k = argc > 2 ? std::atoll(argv[2]) : 16384;
   if (argc > 3) reps = std::atoi(argv[3]);
