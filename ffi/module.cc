@@ -5,7 +5,7 @@
 #include "cpu/handlers.h"
 #include "cpu/kernels.h"
 #ifdef MXJAX_WITH_CUDA
-#include "cuda/handlers.h"  // MxjaxQuantizeCuda, MxjaxQuantize2xCuda, MxjaxDequantizeCuda
+#include "cuda/handlers.h"  // MxjaxQuantizeCuda, ..., MxjaxFakeQuantizeCuda
 #endif
 
 namespace nb = nanobind;
@@ -41,6 +41,7 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_quantize"] = capsule(MxjaxQuantizeCuda);
     d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCuda);
     d["mxjax_dequantize"] = capsule(MxjaxDequantizeCuda);
+    d["mxjax_fake_quantize"] = capsule(MxjaxFakeQuantizeCuda);
     // [cuda engineer] CUDA-only targets (ffi/cuda/handlers.h).
     d["mxjax_swizzle_scales"] = capsule(MxjaxSwizzleScalesCuda);
     d["mxjax_mx_gemm"] = capsule(MxjaxMxGemmCuda);
