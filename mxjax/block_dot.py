@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax import block_codec, block_ops, contraction, formats, products
+from mxjax import block_codec, block_ops, contraction, formats, products, sharding
 from mxjax.block_recipes import BlockRoles
 
 _MISSING_KEY = (
@@ -100,11 +100,15 @@ def _q(x, bf, axis: int, rand=None):
   return block_ops.fake_quantize(x, bf, axis, rand)
 
 
-def _dot(a, b, contract):
+def _dot(a, b, contract, like=None):
+  """f32 product contracting dims `contract` of [*B, R, C] operands; `like`: an array whose
+  sharding the result takes on Explicit mesh axes (a cotangent's primal), else None."""
   batch = tuple(range(a.ndim - 2))
   n = len(batch)
+  out = None if like is None else sharding.explicit_sharding(like)
   return lax.dot_general(a, b, (((n + contract[0],), (n + contract[1],)), (batch, batch)),
-                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
+                         out_sharding=out)
 
 
 def _scaled(out, *factors):
@@ -158,11 +162,11 @@ def _bwd(config: _Config, residuals, g):
   # dgrad: contract N.
   qg, sg = _q(g, roles.grad, -1, bits_n)
   qw, sw = _q(w, roles.w, -1)
-  dx = _scaled(_dot(qg, qw, (1, 1)), sg, sw)
+  dx = _scaled(_dot(qg, qw, (1, 1), like=x), sg, sw)
   # wgrad: contract M (padded by the RHT: zero rows add nothing).
   qx, sx = _q(xm, roles.x, -2)
   qg2, sg2 = _q(gm, roles.grad, -2, bits_m)
-  dw = _scaled(_dot(qx, qg2, (0, 0)), sx, sg2)
+  dw = _scaled(_dot(qx, qg2, (0, 0), like=w), sx, sg2)
   dlhs = config.lhs.from_canonical(dx).astype(config.lhs_dtype)
   drhs = config.rhs.from_canonical(dw).astype(config.rhs_dtype)
   return dlhs, drhs, None
