@@ -57,7 +57,8 @@ def sylvester(n: int) -> np.ndarray:
 
 
 def rht_signs(recipe, name: str = NAME) -> np.ndarray:
-  """The recipe's random signs for one GEMM: fixed by its `rht_seed` and the GEMM's name."""
+  """The random signs a recipe fixes for one GEMM from its `rht_seed` and the GEMM's name:
+  -1 where numpy's generator seeded with [rht_seed, crc32(name)] draws below 1/2."""
   n = recipe.block_roles().hadamard_size
   rng = np.random.default_rng([recipe.block_roles().rht_seed, zlib.crc32(name.encode())])
   return np.where(rng.random(n) < 0.5, -1.0, 1.0)
