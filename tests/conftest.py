@@ -36,6 +36,22 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+  """Where pytest-xdist is loaded and the command line names no workers (`-n`, `--tx`):
+  one worker per core, at most 4, a test file per worker (`--dist loadfile`), as if given
+  `-n auto --maxprocesses 4 --dist loadfile`. Runs before xdist's own hook, which turns
+  these options into workers; `-p no:xdist` leaves a plain single-process run."""
+  if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+    return  # no xdist, or an xdist worker (its options come from the controller)
+  option = config.option
+  if option.numprocesses is None and not option.tx:
+    option.numprocesses = "auto"
+    option.maxprocesses = option.maxprocesses or 4
+  if option.numprocesses != 0 and option.dist == "no" and not option.distload:
+    option.dist = "loadfile"
+
+
 def _kernel_levels() -> tuple[str | None, ...]:
   """The CPU kernel levels to run the exactness tests at: every one this build and CPU run
   where the ops use the CPU kernels; (None,) (the level does not matter) where they use

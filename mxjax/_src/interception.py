@@ -288,7 +288,7 @@ class _Walk:
     dtypes = {jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype), jnp.dtype(out_dtype)}
     if not dtypes <= set(formats.HIGH_PRECISION_DTYPES):
       return None, f"operand dtype {'/'.join(sorted(d.name for d in dtypes))}"
-    rule = rules_lib.match(self.rules, *_with_modules(path))
+    rule = rules_lib.match(self.rules, *rules_lib.enclosing_paths(path))
     recipe = self.recipe if rule is None else rule[1]
     if recipe is None:
       return None, f"rule {rule[0]!r}"
@@ -379,7 +379,7 @@ class _Walk:
       warnings.warn(f"mxjax: {where} ran under autocast({products.describe(self.recipe)}) "
                     "but quantized no "
                     f"product: {why}. Check mxjax.coverage(...).", UserWarning, stacklevel=3)
-    named = [name for path in self.paths for name in _with_modules(path)]
+    named = [name for path in self.paths for name in rules_lib.enclosing_paths(path)]
     for pattern, _ in self.rules:
       if pattern in rules_lib.PRESET_PATTERNS:
         continue
@@ -387,9 +387,3 @@ class _Walk:
         some = ", ".join(repr(p) for p in self.paths[:6]) or "none"
         warnings.warn(f"mxjax: in {where}, the rule {pattern!r} matches no product path; "
                       f"the paths are e.g. {some}", UserWarning, stacklevel=3)
-
-
-def _with_modules(path: str) -> list[str]:
-  """A product's path and its enclosing module paths, longest first (what rules match)."""
-  parts = path.split("/")
-  return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]

@@ -25,7 +25,12 @@ Presets, `preset(name, gemm_paths)`:
 
 A product's path is its module path plus an op name counted per module in call order
 (`layer_0/attn/einsum_1`, `mlp/dot_general_0`); a stock or mxjax layer's one
-product is named by its layer path (`mlp/Dense_0`).
+product is named by its layer path (`mlp/Dense_0`). A rule also names every product
+inside the modules it names: it is matched against the product's path and each of its
+enclosing module paths (`block_0/mlp/Dense_0`, `block_0/mlp`, `block_0`), so
+`(r"^block_0/mlp$", None)` keeps all of that MLP's products in high precision; a pattern
+that starts with a negative lookahead ("every path but ...": `^(?!block_0/mlp)`, the
+"mlp_only" preset's) is matched against the product's own path only.
 """
 
 from __future__ import annotations
@@ -46,9 +51,12 @@ NOT_MLP = rf"(?i)^(?!.*{_MLP_PART})"
 PRESETS = ("all", "no_ends", "mlp_only", "no_attention")
 #: The presets' own patterns: a model may have no path they match, and that is no mistake.
 PRESET_PATTERNS = (EMBED, LM_HEAD, NOT_MLP)
+#: A pattern that starts with a negative lookahead ("every path but ...", as NOT_MLP) is
+#: matched against the path itself only: the modules above the path it excludes match it.
+_EXCLUDING = re.compile(r"(\(\?[a-zA-Z]+\))?\^?\(\?!")
 
 __all__ = ["Rules", "PRESETS", "EMBED", "LM_HEAD", "NOT_MLP", "preset", "check", "match",
-           "recipe_for"]
+           "recipe_for", "enclosing_paths"]
 
 
 def check(rules, where: str = "rules") -> Rules:
@@ -100,16 +108,26 @@ def match(rules: Rules, path: str, *also: str):
       a rule naming a layer covers the products inside it.
 
   Returns:
-    The first matching `(pattern, recipe or None)` pair, or None.
+    The first matching `(pattern, recipe or None)` pair, or None. A pattern that starts
+    with a negative lookahead (`^(?!...)`, e.g. `NOT_MLP`) is matched against `path` alone.
   """
   for rule in rules:
-    if any(re.search(rule[0], p) for p in (path, *also)):
+    if any(re.search(rule[0], p) for p in ((path,) if _EXCLUDING.match(rule[0])
+                                           else (path, *also))):
       return rule
   return None
 
 
+def enclosing_paths(path: str) -> list[str]:
+  """A path and its enclosing module paths, longest first (what rules match):
+  `a/b/c` -> [`a/b/c`, `a/b`, `a`]."""
+  parts = path.split("/")
+  return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
 def recipe_for(rules: Rules, path: str, default: Recipe | None) -> Recipe | None:
-  """The recipe of the layer at `path`: the first matching rule's, else `default`.
+  """The recipe of the layer at `path`: the first rule matching it or an enclosing module
+  path (`enclosing_paths`), else `default`.
 
   Args:
     rules: checked rules (`check`).
@@ -119,7 +137,7 @@ def recipe_for(rules: Rules, path: str, default: Recipe | None) -> Recipe | None
   Returns:
     A recipe, or None for high precision.
   """
-  rule = match(rules, path)
+  rule = match(rules, *enclosing_paths(path))
   return default if rule is None else rule[1]
 
 

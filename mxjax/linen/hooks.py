@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 from jax import lax
 
-from mxjax._src import state as state_lib
-from mxjax._src import context, products
+from mxjax._src import context, products, rules as rules_lib, state as state_lib
 from mxjax._src.einsum import einsum_as_dot_general, einsum_flops
 from mxjax.linen.modules import _STATE_NAME, project_with_state
 from mxjax._src.recipes import Recipe
@@ -47,9 +46,11 @@ class _Hook(nn.Module):
     autocast (so interception leaves it, and `mxjax.coverage` says why)."""
     if context.get_recipe() is None:
       return contextlib.nullcontext()
+    rule = rules_lib.match(context.get_layer_rules() or (),
+                           *rules_lib.enclosing_paths(self._owner()))
+    why = f"rule {rule[0]!r}" if rule else f"the rule for its layer '{self._owner()}'"
     return products.marked(type(self).__name__.lower().replace("dotgeneral", "dot_general"),
-                           lhs_shape, rhs_shape, flops, None,
-                           f"the rule for its layer '{self._owner()}'", self._owner())
+                           lhs_shape, rhs_shape, flops, None, why, self._owner())
 
   def _plain(self, recipe) -> bool:
     """Whether to make Flax's own call: no recipe and no state to keep."""

@@ -166,7 +166,7 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
   rules = rules_lib.check(rules, "mxjax.nnx.quantize rules")
   plan = []
   for path, layer in _gemm_layers(model):
-    rule = rules_lib.match(rules, path)
+    rule = rules_lib.match(rules, *rules_lib.enclosing_paths(path))
     recipe = AUTOCAST if rule is None else rule[1]
     if isinstance(layer, Linear):
       plan.append((layer, "rule_recipe", recipe))
