@@ -59,8 +59,8 @@ def sylvester(n: int) -> np.ndarray:
 def rht_signs(recipe, name: str = NAME) -> np.ndarray:
   """The random signs a recipe fixes for one GEMM from its `rht_seed` and the GEMM's name:
   -1 where numpy's generator seeded with [rht_seed, crc32(name)] draws below 1/2."""
-  n = recipe.block_roles().hadamard_size
-  rng = np.random.default_rng([recipe.block_roles().rht_seed, zlib.crc32(name.encode())])
+  n = recipe.roles().hadamard_size
+  rng = np.random.default_rng([recipe.roles().rht_seed, zlib.crc32(name.encode())])
   return np.where(rng.random(n) < 0.5, -1.0, 1.0)
 
 
@@ -93,7 +93,7 @@ def q(a, bf, axis: int, rand=None):
 def oracle(recipe, x, w, g, signs=None, bits=(None, None)):
   """(y, dx, dw) of the formulas above, with the RHT of `signs` (None: no RHT) and SR
   from `bits` (uint32 [M, N] for g's two copies, or None: round to nearest)."""
-  roles = recipe.block_roles()
+  roles = recipe.roles()
   qx, sx = q(x, roles.x, 1)
   qw, sw = q(w, roles.w, 0)
   qg, sg = q(g, roles.grad, 1, bits[0])
@@ -105,7 +105,7 @@ def oracle(recipe, x, w, g, signs=None, bits=(None, None)):
 
 def wgrad(recipe, x, g, x_signs, g_signs, bits=None):
   """q(R x, M)^T . q(R g, M) / (S S), each operand rotated where its signs are given."""
-  roles = recipe.block_roles()
+  roles = recipe.roles()
   qx, sx = q(x if x_signs is None else rht(x, x_signs), roles.x, 0)
   qg, sg = q(g if g_signs is None else rht(g, g_signs), roles.grad, 0, bits)
   return jnp.dot(qx.T, qg, precision=HI) * sx * sg
@@ -157,7 +157,7 @@ RNE = {  # stochastic rounding off: the oracle, to f32 accumulation order
 def test_forward_dgrad_wgrad_equal_the_oracle(name):
   recipe = RNE[name]
   x, w, g = data()
-  signs = rht_signs(recipe) if recipe.block_roles().random_hadamard_transform else None
+  signs = rht_signs(recipe) if recipe.roles().random_hadamard_transform else None
   got = library(recipe, x, w, g, None)
   want = oracle(recipe, x, w, g, signs)
   for what, a, b in zip(("forward", "dgrad", "wgrad"), got, want):
@@ -192,7 +192,7 @@ def random_bits(seed):
 def test_stochastic_rounding_stays_within_the_bound_that_a_one_sided_rht_breaks(name):
   recipe = SR[name]
   x, w, g = data(1)
-  rotated = recipe.block_roles().random_hadamard_transform
+  rotated = recipe.roles().random_hadamard_transform
   signs = rht_signs(recipe)
   _, want_dx, want_dw = exact(x, w, g)
   y, dx, dw = library(recipe, x, w, g, jax.random.key(3))
@@ -219,7 +219,7 @@ def test_stochastic_rounding_is_unbiased():
   of the dgrad and the wgrad is much closer to the product of f32 g with the
   round-to-nearest other operand (the oracle's) than one key's is."""
   recipe = SR["mxfp4_sr"]
-  roles = recipe.block_roles()
+  roles = recipe.roles()
   x, w, g = data(2)
   qw_n, _ = q(w, roles.w, 1)
   qx_m, _ = q(x, roles.x, 0)

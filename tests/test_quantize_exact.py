@@ -101,7 +101,7 @@ def test_random_shapes_and_axes(shape_axis, fmt, mode, dtype, data):
   a = quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=mode)
   want = reference.quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=mode)
   assert_same_quantized(a, *want, axis=axis % x.ndim)
-  assert a.shape == shape and a.dtype == x.dtype and a.format == fmt
+  assert a.shape == shape and a.dtype == x.dtype and a.format == formats.mx(fmt, block_size, mode)
   out_dtype = data.draw(st.sampled_from(DTYPES))
   assert_same_floats(a.dequantize(out_dtype),
                      reference.dequantize(*want, fmt, axis=axis, block_size=block_size,

@@ -173,7 +173,7 @@ def _broadcast_shared(a, a_ix, b, b_ix, shared, sizes):
   have (batch and contracted dims, as `jnp.einsum` broadcasts them)."""
 
   def grow(x, ix):
-    have = _operand_info(x, "operand")[0]
+    have = operands.info(x, "operand")[0]
     shape = tuple(sizes[i] if i in shared else n for i, n in zip(ix, have))
     return x if shape == tuple(have) else jnp.broadcast_to(x, shape)
 
