@@ -29,6 +29,7 @@ product is named by its layer path (`mlp/Dense_0`).
 """
 
 from mxjax._src.rules import (  # noqa: F401  (the public names)
-    Rules, PRESETS, EMBED, LM_HEAD, NOT_MLP, preset, check, match, recipe_for)
+    Rules, PRESETS, EMBED, LM_HEAD, NOT_MLP, preset, check, match, recipe_for, enclosing_paths)
 
-__all__ = ["Rules", "PRESETS", "EMBED", "LM_HEAD", "NOT_MLP", "preset", "check", "match", "recipe_for", "enclosing_paths"]
+__all__ = ["Rules", "PRESETS", "EMBED", "LM_HEAD", "NOT_MLP", "preset", "check", "match", "recipe_for",
+           "enclosing_paths"]

@@ -31,7 +31,7 @@ def test_choice_follows_the_cpu_flags(tmp_path, fresh_choice, extra, expected):
   cpuinfo.write_text("processor\t: 0\n" + FLAGS_LINE.format(extra=extra))
   flags = operand_dtype.cpu_flags(str(cpuinfo))
   assert "avx2" in flags and "processor" not in flags
-  fresh_choice.setattr(_operand_dtype, "cpu_flags", lambda: flags)
+  fresh_choice.setattr(operand_dtype, "cpu_flags", lambda: flags)
   assert operand_dtype.cpu_operand_dtype() == expected
 
 

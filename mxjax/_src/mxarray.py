@@ -71,7 +71,7 @@ class MXArray:
     fits = len(data) == n and -n <= self.axis_from_end < 0 and (
         not fmt.two_d or self.axis_from_end == -1)
     if fits:
-      axis, b = n + self.axis_from_end, fmt.block_size
+      axis = n + self.axis_from_end
       logical = list(data)
       logical[axis] = self.length
       fits = (data[axis] == fmt.element_format.storage_length(self.length)

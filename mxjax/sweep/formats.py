@@ -16,7 +16,6 @@ import dataclasses
 import functools
 from typing import Callable
 
-import jax
 
 from mxjax._src.quantize import fake_quantize
 from mxjax._src.recipes import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format,

@@ -40,6 +40,7 @@ import numpy as np
 
 import mxjax
 from mxjax import reference
+from mxjax._src import extension
 from mxjax._src import fp8_block_gemm as fbg
 from mxjax._src.formats import BlockFormat
 
@@ -299,7 +300,7 @@ def main():
   extension.load()
   cc = GPU.compute_capability
   print(f"device: {GPU.device_kind}, compute capability {cc}, jax {jax.__version__}")
-  if fbg.TARGET not in extension._extension().cuda_registrations():
+  if fbg.TARGET not in extension.targets("cuda"):
     sys.exit("FAIL: the extension has no mxjax_fp8_block_gemm (built without CUDA?)")
   if not cc.startswith("9."):
     try:
