@@ -6,6 +6,8 @@
 // The kernels are quantize.cu's (rows: L threads per block, flat, 16-byte loads; columns:
 // B x V register tiles; other rows: a thread per block), each element's code decoded and
 // scaled in registers (codec.h's dequantize_element) and narrowed to the output type.
+#ifndef MXJAX_FAKE_QUANTIZE_CU_
+#define MXJAX_FAKE_QUANTIZE_CU_
 #ifndef MXJAX_CUDA_KERNELS_ONLY  // tests/bench_kernels.cu: the kernels only
 #include "cpu/checks.h"
 #include "cuda/handlers.h"
@@ -203,7 +205,6 @@ void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t st
   });
 }
 
-#ifndef MXJAX_CUDA_KERNELS_ONLY
 // Calls fn(Out{}) for a high-precision output dtype.
 template <class Fn>
 void with_out_dtype(ffi::DataType dtype, Fn&& fn) {
@@ -213,6 +214,52 @@ void with_out_dtype(ffi::DataType dtype, Fn&& fn) {
     default: return fn(F32{});
   }
 }
+
+
+}  // namespace
+}  // namespace mxjax::cuda
+
+namespace mxjax::cuda {
+
+// The launches of one input dtype (every format, output dtype and block size). The library
+// build compiles each input dtype in its own translation unit (fake_quantize_{bf16,f16,
+// f32}.cu define MXJAX_FAKE_QUANTIZE_INPUT), so nvcc's work spreads over the cores; a
+// single-translation-unit build (host_check.cu) instantiates them here.
+template <class In>
+void fake_quantize_input(int32_t format, ffi::DataType out_type, const void* x, int64_t outer,
+                         int64_t n, int64_t inner, int32_t mode, void* out, int block,
+                         cudaStream_t stream) {
+  with_format(format, [&](auto f) {
+    with_out_dtype(out_type, [&](auto o) {
+      using F = decltype(f);
+      using Out = decltype(o);
+      launch_fake_quantize<F, In, Out>(
+          FakeArgs<In, Out>{static_cast<const typename In::T*>(x), outer, n, inner, mode,
+                            static_cast<typename Out::T*>(out)},
+          block, stream);
+    });
+  });
+}
+
+#if defined(MXJAX_CUDA_SPLIT_UNITS) && !defined(MXJAX_FAKE_QUANTIZE_INPUT)
+#define MXJAX_FQ_DECLARE(T)                                                                  \
+  extern template void fake_quantize_input<T>(int32_t, ffi::DataType, const void*, int64_t, \
+                                              int64_t, int64_t, int32_t, void*, int,        \
+                                              cudaStream_t);
+MXJAX_FQ_DECLARE(BF16)
+MXJAX_FQ_DECLARE(F16)
+MXJAX_FQ_DECLARE(F32)
+#undef MXJAX_FQ_DECLARE
+#endif
+
+#ifdef MXJAX_FAKE_QUANTIZE_INPUT
+template void fake_quantize_input<MXJAX_FAKE_QUANTIZE_INPUT>(
+    int32_t, ffi::DataType, const void*, int64_t, int64_t, int64_t, int32_t, void*, int,
+    cudaStream_t);
+#endif
+
+#if !defined(MXJAX_CUDA_KERNELS_ONLY) && !defined(MXJAX_FAKE_QUANTIZE_INPUT)
+namespace {
 
 ffi::Error FakeQuantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                         int32_t format, int32_t mode, int64_t block, int64_t axis) {
@@ -235,26 +282,23 @@ ffi::Error FakeQuantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::
   if (x.element_count() == 0) return ffi::Error::Success();
   int64_t outer, n, inner;
   view3(dims, axis, outer, n, inner);
-  dispatch(format, x.element_type(), [&](auto f, auto in) {
-    with_out_dtype(out->element_type(), [&](auto o) {
-      using F = decltype(f);
-      using In = decltype(in);
-      using Out = decltype(o);
-      launch_fake_quantize<F, In, Out>(
-          FakeArgs<In, Out>{static_cast<const typename In::T*>(x.untyped_data()), outer, n,
-                            inner, mode, static_cast<typename Out::T*>(out->untyped_data())},
-          int(block), stream);
-    });
-  });
+  auto run = [&](auto in) {
+    fake_quantize_input<decltype(in)>(format, out->element_type(), x.untyped_data(), outer, n,
+                                      inner, mode, out->untyped_data(), int(block), stream);
+  };
+  switch (x.element_type()) {
+    case ffi::DataType::BF16: run(BF16{}); break;
+    case ffi::DataType::F16: run(F16{}); break;
+    default: run(F32{});
+  }
   return launch_status("fake_quantize");
 }
 
-#endif  // MXJAX_CUDA_KERNELS_ONLY
-
 }  // namespace
+#endif
 }  // namespace mxjax::cuda
 
-#ifndef MXJAX_CUDA_KERNELS_ONLY
+#if !defined(MXJAX_CUDA_KERNELS_ONLY) && !defined(MXJAX_FAKE_QUANTIZE_INPUT)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxFakeQuantizeCuda, mxjax::cuda::FakeQuantize,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
@@ -266,3 +310,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxFakeQuantizeCuda, mxjax::cuda::FakeQuantize,
                                   .Attr<int64_t>("axis"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 #endif  // MXJAX_CUDA_KERNELS_ONLY
+#endif  // MXJAX_FAKE_QUANTIZE_CU_
