@@ -78,8 +78,9 @@ class MXArray:
               and tuple(scales) == self.scales_shape(tuple(logical)))
     if not fits:
       raise ValueError(
-          f"MXArray: data {tuple(data)} and scales {tuple(scales)} do not fit {fmt} packed "
-          f"along axis {self.axis_from_end} (from the end) of length {self.length}. A "
+          f"MXArray: data {tuple(data)} and scales {tuple(scales)} do not fit {fmt} "
+          f"quantized along axis {self.axis_from_end} (from the end) of length "
+          f"{self.length} in blocks of {fmt.block_size}. A "
           f"jax.vmap whose in_axes / out_axes put the mapped axis at or after the quantized "
           f"axis does this (the metadata counts that axis from the end, so only leading "
           f"mapped axes keep it true): map over a leading axis, or dequantize first; a "

@@ -71,9 +71,16 @@ def no_derivative(op, name: str, hint: str = STRAIGHT_THROUGH_HINT):
   return op
 
 
-def _op(call, name: str, batched=None):
-  """`call` jitted, without a derivative, batched by `batched(in_batched, *args)` (a rule
-  returning results with leading batch axes) or else by vmap of `call` itself."""
+_FAKE_QUANTIZE_HINT = (
+    "fake_quantize's straight-through gradient is its one derivative, in reverse mode: "
+    "forward mode (jax.jvp, jax.jacfwd) and a second derivative (jax.hessian, grad of "
+    "grad) have none.")
+
+
+def _op(call, name: str, batched=None, hint: str = STRAIGHT_THROUGH_HINT):
+  """`call` jitted, without a derivative (differentiating it raises, with `hint`), batched
+  by `batched(in_batched, *args)` (a rule returning results with leading batch axes) or
+  else by vmap of `call` itself."""
 
   @custom_vmap
   def op(*args):
@@ -89,7 +96,7 @@ def _op(call, name: str, batched=None):
       out = jax.vmap(call)(*args)
     return out, jax.tree.map(lambda _: True, out)
 
-  return jax.jit(no_derivative(op, name))
+  return jax.jit(no_derivative(op, name, hint))
 
 
 def _partitioned(call, fmt: BlockFormat, axes, kind: str):
@@ -298,7 +305,7 @@ def _fake_quantize_op(fmt: BlockFormat, axis: int, sr: bool, dtype):
       return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
     return _fake_quantize_op(fmt, axis + 1, sr, dtype)(x, rand, ts)
 
-  return _op(call, "mxjax.fake_quantize's quantizer", batched)
+  return _op(call, "mxjax.fake_quantize's quantizer", batched, _FAKE_QUANTIZE_HINT)
 
 
 def to_dtype(x, dtype):
