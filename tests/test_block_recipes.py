@@ -54,11 +54,18 @@ def test_invalid_combinations(make, match):
     make()
 
 
-def test_quantized_model_init_refuses_block_recipes():
+def test_quantized_model_init_stores_the_weight_role_of_block_recipes():
+  """2-D weight formats are one tile MXArray (serving the forward and the dgrad);
+  per-tensor FP8 has no block-scaled weights to store and says so."""
+  x = jnp.ones((2, 64))
   for recipe in (NVFP4BlockScaling(), MXFP8BlockScaling(enable_2d_quantization=True)):
-    with pytest.raises(ValueError, match="plain MX recipe"):
-      with mxjax.quantized_model_init(recipe=recipe):
-        pass
+    with mxjax.quantized_model_init(recipe=recipe):
+      kernel = mxjax.linen.Dense(64).init(jax.random.key(0), x)[mxjax.linen.QUANTIZED_KERNELS][
+          "kernel"]
+    assert isinstance(kernel, mxjax.MXArray) and kernel.format == recipe.roles().w
+  with pytest.raises(ValueError, match="no block-scaled weights to store|block-scaled recipe"):
+    with mxjax.quantized_model_init(recipe=mxjax.DelayedScaling()):
+      pass
 
 
 def _oracle(x, bf, axis):

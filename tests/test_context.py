@@ -112,8 +112,8 @@ def test_quantized_model_init_stores_mxarray_pairs():
   assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(a)) < 0.08
 
 
-def test_quantized_model_init_needs_an_mx_recipe():
-  with pytest.raises(ValueError, match="MX recipe"):
+def test_quantized_model_init_needs_a_block_scaled_recipe():
+  with pytest.raises(ValueError, match="needs a block-scaled recipe"):
     with context.quantized_model_init(recipe=DelayedScaling()):
       pass
 

@@ -207,10 +207,21 @@ def test_ffi_setting_without_kernels_names_the_platform(restore_kernels, monkeyp
   assert "no FFI kernels for 'cpu'" in mxjax.backend_info()["ops"]["quantize"]
 
 
-def test_auto_keeps_unverified_cuda_kernels_off(monkeypatch):
-  """A CUDA build's kernels are used by auto only once verified on a GPU."""
+def test_auto_uses_the_verified_cuda_kernels_on_capable_gpus(monkeypatch):
+  """auto uses a CUDA build's kernels on GPUs of compute capability 9.0 and up, and of
+  those only the targets verified on a GPU (CUDA_VERIFIED); "ffi" uses every one."""
   monkeypatch.setattr(backend, "built_platforms", lambda: ("cpu", "cuda"))
   monkeypatch.setattr(backend, "get_kernels", lambda: "auto")
+  cuda_targets = frozenset({"mxjax_quantize", "mxjax_fake_quantize"})
+  monkeypatch.setattr(extension, "targets",
+                      lambda p: cuda_targets if p == "cuda" else frozenset({"mxjax_quantize"}))
+  monkeypatch.setattr(backend, "_capable_gpus", lambda: False)  # e.g. an sm_80 GPU
   assert backend.ffi_platforms() == ("cpu",)
-  monkeypatch.setattr(backend, "CUDA_KERNELS_VERIFIED", True)
+  assert not backend.uses_kernel("cuda", "mxjax_quantize")
+  monkeypatch.setattr(backend, "_capable_gpus", lambda: True)
+  monkeypatch.setattr(backend, "CUDA_VERIFIED", {"mxjax_quantize": "an H100"})
   assert backend.ffi_platforms() == ("cpu", "cuda")
+  assert backend.uses_kernel("cuda", "mxjax_quantize")
+  assert not backend.uses_kernel("cuda", "mxjax_fake_quantize")  # built, not verified
+  monkeypatch.setattr(backend, "get_kernels", lambda: "ffi")
+  assert backend.uses_kernel("cuda", "mxjax_fake_quantize")

@@ -267,6 +267,7 @@ def quantize(x, fmt: BlockFormat, axis: int, rand=None, ts=None):
   codes = (encode(v_bits, v_e, elem) if rand is None else
            encode_stochastic(v_bits, v_e, elem, _blocks(u32(rand), fmt, axis)))
   sign_only = codes & u32(1 << (elem.bits - 1))
+  zero = zero | ((blocks & ABS) == 0)  # (u, e) holds zeros as 1: their codes are +-0
   codes = jnp.where(special, U32(0), jnp.where(zero, sign_only, codes))
   packed_axis = x.ndim - 1 if fmt.two_d else axis
   data = pack(_unblocks(codes, fmt, x.shape, axis), elem, packed_axis)
