@@ -26,9 +26,9 @@ from mxjax._src.formats import BlockFormat
 from mxjax._src.mxarray import MXArray
 
 _NO_BITS = np.zeros((1,), np.uint32)  # the rand operand without stochastic rounding
-# The CPU block kernels write one code per byte (uint8 of x's shape); the codes are packed
-# after them. TODO(cpu-block): drop with the kernels that write packed codes.
-_BLOCK_KERNELS_PACK = False
+# The platforms whose block kernels write packed codes; the others' (the CPU's) write one
+# code per byte (uint8 of x's shape), packed after them. TODO(cpu-block): every platform.
+_BLOCK_KERNELS_PACK = frozenset({"cuda"})
 
 
 def per_platform(target: str, ffi_fn, xla_fn, *args):
@@ -38,8 +38,8 @@ def per_platform(target: str, ffi_fn, xla_fn, *args):
   if not platforms:
     return xla_fn(*args)
   extension.load()
-  return jax.lax.platform_dependent(
-      *args, default=xla_fn, **{p: _varying_like(ffi_fn, args) for p in platforms})
+  return jax.lax.platform_dependent(*args, default=xla_fn, **{
+      p: _varying_like(functools.partial(ffi_fn, platform=p), args) for p in platforms})
 
 
 def _varying_like(ffi_fn, args):
@@ -159,9 +159,9 @@ def _from_raw(a, t: jax.ShapeDtypeStruct, fmt: BlockFormat, axis: int):
   return jax.lax.bitcast_convert_type(a, t.dtype) if a.dtype != t.dtype else a
 
 
-def _codes_type(shape, t):
+def _codes_type(shape, t, platform):
   """The block kernels' codes result type for x's `shape` and the packed type `t`."""
-  return _raw(t, None if _BLOCK_KERNELS_PACK else shape)
+  return _raw(t, None if platform in _BLOCK_KERNELS_PACK else shape)
 
 
 def ts_bits(ts):
@@ -179,11 +179,11 @@ def _quantize_op(fmt: BlockFormat, axis: int, sr: bool):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
     return codec.quantize(x, fmt, axis, rand if sr else None, ts)[:2]
 
-  def ffi(x, rand, ts):
+  def ffi(x, rand, ts, platform):
     data, scales = quantized_types(x.shape, fmt, axis)
     if fmt.mx_kernels and not sr:
       return jax.ffi.ffi_call("mxjax_quantize", (data, scales))(x, **_mx_attrs(fmt, axis))
-    out = (_codes_type(x.shape, data), _raw(scales))
+    out = (_codes_type(x.shape, data, platform), _raw(scales))
     codes, s = jax.ffi.ffi_call("mxjax_block_quantize", out)(
         x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
     return _from_raw(codes, data, fmt, axis), _from_raw(s, scales, fmt, axis)
@@ -208,13 +208,13 @@ def _quantize_2x_op(fmt: BlockFormat):
     return (*codec.quantize(x, fmt, x.ndim - 1, None, ts)[:2],
             *codec.quantize(x, fmt, x.ndim - 2, None, ts)[:2])
 
-  def ffi(x, ts):
+  def ffi(x, ts, platform):
     row = quantized_types(x.shape, fmt, x.ndim - 1)
     col = quantized_types(x.shape, fmt, x.ndim - 2)
     if fmt.mx_kernels:
       return jax.ffi.ffi_call("mxjax_quantize_2x", (*row, *col))(x, **_mx_attrs(fmt))
-    out = (_codes_type(x.shape, row[0]), _raw(row[1]),
-           _codes_type(x.shape, col[0]), _raw(col[1]))
+    out = (_codes_type(x.shape, row[0], platform), _raw(row[1]),
+           _codes_type(x.shape, col[0], platform), _raw(col[1]))
     rc, rs, cc, cs = jax.ffi.ffi_call("mxjax_block_quantize_2x", out)(
         x, ts, **_block_attrs(fmt, x.ndim - 1))
     return (_from_raw(rc, row[0], fmt, x.ndim - 1), _from_raw(rs, row[1], fmt, x.ndim - 1),
@@ -240,7 +240,7 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
       ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32)
       return codec.dequantize(data, scales, ts, fmt, axis, local, dtype, apply_ts)
 
-    def ffi(data, scales, ts):
+    def ffi(data, scales, ts, platform):
       shape = list(data.shape)
       shape[packed] = local
       if fmt.mx_kernels:
@@ -248,7 +248,7 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
             data, scales, format=np.int32(fmt.element_format.ffi_id),
             block_size=np.int64(fmt.block_size), axis=np.int64(axis))
       codes = jax.lax.bitcast_convert_type(data, jnp.uint8)
-      if not _BLOCK_KERNELS_PACK:
+      if platform not in _BLOCK_KERNELS_PACK:
         codes = codec.unpack(codes, fmt.element_format, packed % data.ndim)
         codes = jax.lax.slice_in_dim(codes, 0, local, axis=packed % data.ndim).astype(jnp.uint8)
       raw = jax.lax.bitcast_convert_type(scales, _raw(jax.ShapeDtypeStruct(
@@ -287,7 +287,7 @@ def _fake_quantize_op(fmt: BlockFormat, axis: int, sr: bool, dtype):
 
   mx = fmt.mx_kernels and not sr
 
-  def ffi(x, rand, ts):
+  def ffi(x, rand, ts, platform):
     if mx:
       return jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(x.shape, dtype))(
           x, **_mx_attrs(fmt, axis))
