@@ -6,7 +6,7 @@
 # Outputs go to $OUT (log.txt and the tables); each step has its own timeout.
 #   SKIP_BUILD=1   reuse the installed build (a second call on a warm machine)
 #   ONLY="a b"     run only the named sections (env build kernels mx block gemm memcheck
-#                  quantize matmul step exact)
+#                  quantize step matmul)
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 P=$(pwd)
@@ -42,6 +42,31 @@ fi
 cd /tmp
 python3 -c "import mxjax, json; print(json.dumps(mxjax.backend_info(), default=str)[:1500])"
 
+if want mx; then
+  el "== gpu_check.py (MX: CUDA == CPU, byte for byte)"
+  MXJAX_KERNELS=ffi timeout 150 python3 "$P/ffi/cuda/tests/gpu_check.py" 2>&1 | tail -20
+  el "gpu_check rc=${PIPESTATUS[0]}"
+fi
+
+if want block; then
+  el "== gpu_check_block.py (block formats: CUDA == CPU)"
+  MXJAX_KERNELS=ffi timeout 150 python3 "$P/ffi/cuda/tests/gpu_check_block.py" 2>&1 | tail -30
+  el "gpu_check_block rc=${PIPESTATUS[0]}"
+fi
+
+if want gemm; then
+  el "== gpu_check_fp8_gemm.py (cuBLASLt FP8 block GEMM against the oracle)"
+  timeout 100 python3 "$P/ffi/cuda/tests/gpu_check_fp8_gemm.py" 2>&1 | tee "$OUT/fp8_gemm.txt" | tail -40
+  el "gpu_check_fp8_gemm rc=${PIPESTATUS[0]}"
+fi
+
+if want memcheck; then
+  el "== compute-sanitizer memcheck over every CUDA target"
+  MXJAX_KERNELS=ffi timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 "$P/benchmarks/gpu/memcheck_calls.py" 2>&1 | tail -12
+  el "memcheck rc=${PIPESTATUS[0]}"
+fi
+
 if want kernels; then
   wait
   el "== bench_kernels (standalone: each kernel variant against a D2D copy)"
@@ -50,59 +75,26 @@ if want kernels; then
   el "bench_kernels rc=${PIPESTATUS[0]}"
 fi
 
-if want mx; then
-  el "== gpu_check.py (MX: CUDA == CPU, byte for byte)"
-  MXJAX_KERNELS=ffi timeout 200 python3 "$P/ffi/cuda/tests/gpu_check.py" 2>&1 | tail -20
-  el "gpu_check rc=${PIPESTATUS[0]}"
-fi
-
-if want block; then
-  el "== gpu_check_block.py (block formats: CUDA == CPU)"
-  MXJAX_KERNELS=ffi timeout 200 python3 "$P/ffi/cuda/tests/gpu_check_block.py" 2>&1 | tail -30
-  el "gpu_check_block rc=${PIPESTATUS[0]}"
-fi
-
-if want gemm; then
-  el "== gpu_check_fp8_gemm.py (cuBLASLt FP8 block GEMM against the oracle)"
-  timeout 200 python3 "$P/ffi/cuda/tests/gpu_check_fp8_gemm.py" 2>&1 | tee "$OUT/fp8_gemm.txt" | tail -40
-  el "gpu_check_fp8_gemm rc=${PIPESTATUS[0]}"
-fi
-
-if want memcheck; then
-  el "== compute-sanitizer memcheck over every CUDA target"
-  MXJAX_KERNELS=ffi timeout 240 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 "$P/benchmarks/gpu/memcheck_calls.py" 2>&1 | tail -12
-  el "memcheck rc=${PIPESTATUS[0]}"
-fi
-
 if want quantize; then
-  el "== quantize on the GPU: kernels against a D2D copy"
-  timeout 120 python3 "$P/benchmarks/quantize.py" --shape 16384,16384 --formats e4m3,e2m1 --reps 15 \
-    2>&1 | tee "$OUT/quantize.txt" | tail -24
+  el "== quantize on the GPU: kernels against a device copy (MX, then the block formats)"
+  MXJAX_KERNELS=ffi timeout 100 python3 "$P/benchmarks/quantize.py" --shape 16384,16384 \
+    --formats e4m3,e2m1 --reps 15 2>&1 | tee "$OUT/quantize.txt" | tail -14
+  timeout 150 python3 "$P/benchmarks/quantize.py" --block-formats --shape 16384,16384 --reps 9 \
+    2>&1 | tee -a "$OUT/quantize.txt" | tail -36
   el "quantize rc=${PIPESTATUS[0]}"
 fi
 
-if want matmul; then
-  el "== matmul: MX, FP8 blocks (cuBLASLt), NVFP4 against bf16 with bf16 gradients"
-  for shape in "--size 8192" "--dense 16384,8192,8192"; do
-    timeout 150 python3 "$P/benchmarks/matmul.py" $shape --no-f32 --recipes fp8_block,nvfp4 \
-      --reps 9 2>&1 | tee -a "$OUT/matmul.txt" | tail -22
-  done
-  el "matmul done"
-fi
-
 if want step; then
-  el "== training step of the LM at d_model 1024 (formats against bf16)"
-  timeout 240 python3 "$P/benchmarks/step.py" --big --reps 6 \
+  el "== training step of the LM at d_model 1024 (formats against bf16), every kernel on"
+  MXJAX_KERNELS=ffi timeout 200 python3 "$P/benchmarks/step.py" --big --reps 6 \
     --formats mxfp8_e4m3,fp8_block,nvfp4 2>&1 | tee "$OUT/step.txt" | tail -16
   el "step rc=${PIPESTATUS[0]}"
 fi
 
-if want exact; then
-  el "== exactness tests on the GPU (the default device), kernels on"
-  cp -r "$P/tests" /tmp/t && cd /tmp
-  MXJAX_KERNELS=ffi timeout 200 python3 -m pytest -q -x -p no:cacheprovider -n 8 -o addopts="" \
-    t/test_quantize_exact.py 2>&1 | tail -4
-  el "pytest rc=${PIPESTATUS[0]}"
+if want matmul; then
+  el "== matmul: MX, FP8 blocks (cuBLASLt), NVFP4 against bf16 with bf16 gradients"
+  MXJAX_KERNELS=ffi timeout 120 python3 "$P/benchmarks/matmul.py" --size 8192 --no-f32 \
+    --recipes fp8_block,nvfp4 --reps 9 2>&1 | tee -a "$OUT/matmul.txt" | tail -22
+  el "matmul rc=${PIPESTATUS[0]}"
 fi
 el "== done"

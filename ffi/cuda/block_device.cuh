@@ -55,18 +55,18 @@ MXJAX_HD Sig encode_scale_sig(uint32_t ts) { return ts ? sig_of_bits(ts) : Sig{0
 
 // block_scale for a runtime scale kind.
 template <class F>
-MXJAX_HD BlockScale block_scale_of(uint32_t amax, int32_t kind, int32_t mode, Sig s_enc) {
+MXJAX_HD ::mxjax::BlockScale block_scale_of(uint32_t amax, int32_t kind, int32_t mode, Sig s_enc) {
   switch (kind) {
-    case kScaleE8M0: return block_scale<F, kScaleE8M0>(amax, mode, s_enc);
-    case kScaleE4M3: return block_scale<F, kScaleE4M3>(amax, mode, s_enc);
-    case kScaleFP32: return block_scale<F, kScaleFP32>(amax, mode, s_enc);
-    default: return block_scale<F, kScaleFP32Pow2>(amax, mode, s_enc);
+    case kScaleE8M0: return ::mxjax::block_scale<F, kScaleE8M0>(amax, mode, s_enc);
+    case kScaleE4M3: return ::mxjax::block_scale<F, kScaleE4M3>(amax, mode, s_enc);
+    case kScaleFP32: return ::mxjax::block_scale<F, kScaleFP32>(amax, mode, s_enc);
+    default: return ::mxjax::block_scale<F, kScaleFP32Pow2>(amax, mode, s_enc);
   }
 }
 
-// The TileScale of a BlockScale; kDecode: its codes are decoded too (fake_quantize).
+// The TileScale of block_codec.h's BlockScale; kDecode: its codes are decoded too (fake_quantize).
 template <class F, bool kDecode>
-MXJAX_HD TileScale tile_scale(const BlockScale& bs) {
+MXJAX_HD TileScale tile_scale(const ::mxjax::BlockScale& bs) {
   return {bs.m, bs.d, normal_f32(bs.m) && (!kDecode || fast_decode<F>(bs.d, Sig{0, 0})),
           bs.special};
 }

@@ -59,7 +59,7 @@ struct GenericKernel {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = c0; c < c1; ++c) amax = umax(amax, In::widen(a.x[base + r * v.cols + c]) & kF32Abs);
     }
-    const BlockScale bs = block_scale_of<F>(amax, v.scale, v.mode, encode_scale_sig(a.ts[0]));
+    const ::mxjax::BlockScale bs = block_scale_of<F>(amax, v.scale, v.mode, encode_scale_sig(a.ts[0]));
     const TileScale s = tile_scale<F, kFake>(bs);
     if (kFake) {
       for (int64_t r = r0; r < r1; ++r) {

@@ -156,7 +156,7 @@ struct PanelKernel {
       if (o.tile_row < 0 || o.ch * w + col >= a.inner) continue;
       uint32_t amax = 0;
       for (int q = 0; q < a.gr; ++q) amax = umax(amax, colpart[((pp * a.gr + q) << wl) + col]);
-      const BlockScale bs = block_scale_of<F>(amax, a.scale, a.mode, s_enc);
+      const ::mxjax::BlockScale bs = block_scale_of<F>(amax, a.scale, a.mode, s_enc);
       Packed::put(colinfo + c * Packed::kWords, tile_scale<F, kFake>(bs));
       if (!kFake) store_scale(a.scales, o.tile_row * a.inner + o.ch * w + col, a.scale, bs.stored);
     }
@@ -172,7 +172,7 @@ struct PanelKernel {
       for (int u = 0; u < a.gr; ++u) {
         amax = umax(amax, rowseg[(pp * a.b + r) * a.cs() + tt * a.gr + u]);
       }
-      const BlockScale bs = block_scale_of<F>(amax, a.scale, a.mode, s_enc);
+      const ::mxjax::BlockScale bs = block_scale_of<F>(amax, a.scale, a.mode, s_enc);
       Packed::put(rowinfo + e * Packed::kWords, tile_scale<F, kFake>(bs));
       store_scale(a.row_scales, (o.row + r) * a.nbk() + tcol, a.scale, bs.stored);
     }

@@ -166,7 +166,7 @@ struct TileKernel {
       if (tile_row >= a.tile_rows || tile_col >= a.v.ntc()) continue;
       uint32_t amax = 0;
       for (int i = 0; i < per; ++i) amax = umax(amax, partial[tile * per + i]);
-      const BlockScale bs = block_scale_of<F>(amax, a.v.scale, a.v.mode, s_enc);
+      const ::mxjax::BlockScale bs = block_scale_of<F>(amax, a.v.scale, a.v.mode, s_enc);
       Packed::put(info + tile * Packed::kWords, tile_scale<F, kFake>(bs));
       if (!kFake) store_scale(a.scales, tile_row * a.v.ntc() + tile_col, a.v.scale, bs.stored);
     }
