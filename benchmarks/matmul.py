@@ -3,12 +3,15 @@
   python benchmarks/matmul.py                  # CPU: 2048^3, forward and forward+backward
   python benchmarks/matmul.py --size 1024      # smaller
   python benchmarks/matmul.py --dense 16384,8192,8192   # a Dense layer: tokens, in, out
+  python benchmarks/matmul.py --recipes fp8_block,nvfp4  # more rows (sweep format names)
 
 The MX forward includes quantizing both operands; forward+backward includes the
-gradient quantizations. The baselines are `jnp.dot` of the bf16 operands with f32
-accumulation and `jnp.dot` of f32 operands (and their grads): XLA's CPU GEMM is faster in
-bf16 only on CPUs with bf16 dot instructions, and the MX product dequantizes to whichever
-dtype is faster (mxjax._operand_dtype). The functions run in turn in each repetition; each
+gradient quantizations. The baselines are `jnp.dot` of the bf16 operands (a bf16 result,
+f32 accumulation inside the GEMM; its gradients are bf16 dots, as a bf16 training step
+computes them) and `jnp.dot` of f32 operands: XLA's CPU GEMM is faster in bf16 only on
+CPUs with bf16 dot instructions, and the product dequantizes to whichever dtype is faster
+(mxjax._src.operand_dtype). `--recipes` adds a row per block-scaled recipe (its roles'
+formats; on Hopper, FP8 blocks run cuBLASLt's FP8 GEMM). The functions run in turn in each repetition; each
 ratio is printed from the medians and as the median of the repetitions' own ratios (a
 neighbour's load then slows both sides alike). On a GPU it also times `jax.nn.scaled_dot_general`
 with the mxfp8 config where this jax has it. Goal (issue 13, CPU): MX <= 1.1x the faster
@@ -27,12 +30,13 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mxjax  # noqa: E402
-from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax._src.operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax.sweep import formats as sweep_formats  # noqa: E402
 from timing import interleaved_times  # noqa: E402
 
 
 def bf16_matmul(x, w):
-  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  return jnp.dot(x, w)  # bf16 out (f32 accumulation inside the GEMM), bf16 gradients
 
 
 def f32_matmul(x, w):
@@ -41,6 +45,13 @@ def f32_matmul(x, w):
 
 def mx_matmul(fwd_format, bwd_format):
   return lambda x, w: mxjax.matmul(x, w, fwd_format=fwd_format, bwd_format=bwd_format)
+
+
+def recipe_matmul(name: str):
+  """The product of a sweep format's recipe (a fixed key for stochastic rounding)."""
+  recipe = sweep_formats.FORMATS[sweep_formats.canonical(name)].recipe()
+  key = jax.random.key(0)
+  return lambda x, w: mxjax.matmul(x, w, recipe=recipe, rng=key, name="bench")
 
 
 def loss_of(matmul):
@@ -63,6 +74,8 @@ def main(argv=None):
   p.add_argument("--dense", default=None, help="tokens,in,out (overrides --size)")
   p.add_argument("--fwd-format", default="e4m3")
   p.add_argument("--bwd-format", default="e5m2")
+  p.add_argument("--recipes", default="", help="comma list of sweep format names to add")
+  p.add_argument("--no-f32", action="store_true", help="leave the f32 baseline out (GPUs)")
   p.add_argument("--reps", type=int, default=7)
   args = p.parse_args(argv)
   m, k, n = ((int(v) for v in args.dense.split(",")) if args.dense else (args.size,) * 3)
@@ -75,7 +88,9 @@ def main(argv=None):
         f"{args.bwd_format} gradients, 32-blocks, RCEIL")
   mx = mx_matmul(args.fwd_format, args.bwd_format)
   fns = {}
-  for name, fn in (("bf16", bf16_matmul), ("f32", f32_matmul), ("MX", mx)):
+  rows = [("bf16", bf16_matmul), ("MX", mx)] + ([] if args.no_f32 else [("f32", f32_matmul)])
+  rows += [(name, recipe_matmul(name)) for name in args.recipes.split(",") if name]
+  for name, fn in rows:
     fns[f"{name} fwd"] = jax.jit(fn)
     fns[f"{name} fwd+bwd"] = jax.jit(jax.grad(loss_of(fn), (0, 1)))
   sdg = scaled_dot_general_matmul() if device.platform == "gpu" else None
@@ -90,6 +105,14 @@ def main(argv=None):
     print(f"  {name:28s} {sec * 1e3:9.2f} ms  {mult * flops / sec / 1e12:7.3f} TFLOP/s")
   if device.platform == "cpu":
     print(f"MX product operands: {cpu_operand_dtype().name}")
+  for way in ("fwd", "fwd+bwd"):
+    for name, _ in rows[1:]:
+      paired = statistics.median(a / b for a, b in zip(times[f"{name} {way}"],
+                                                         times[f"bf16 {way}"]))
+      print(f"ratio {name} / bf16, {way:8s} {t[f'{name} {way}'] / t[f'bf16 {way}']:.3f} "
+            f"(median of the repetitions' ratios {paired:.3f})")
+  if args.no_f32:
+    return
   for way in ("fwd", "fwd+bwd"):
     best = min(("bf16", "f32"), key=lambda name: t[f"{name} {way}"])
     paired = statistics.median(a / b for a, b in zip(times[f"MX {way}"], times[f"{best} {way}"]))

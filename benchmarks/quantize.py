@@ -51,10 +51,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from roofline import parallel_copy, quantize_bytes  # noqa: E402
-from timing import interleaved_medians, interleaved_times  # noqa: E402
+from timing import cpu_model, interleaved_medians, interleaved_times  # noqa: E402
 
-from mxjax import _ffi, formats, reference, xla_codec  # noqa: E402
-from mxjax.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
+import mxjax  # noqa: E402
+from mxjax import reference  # noqa: E402
+from mxjax._src import backend, extension, formats  # noqa: E402
+from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
 
 
 def jnp_quantize(x, fmt: str, axis: int, block_size: int = 32):
@@ -137,108 +139,102 @@ def cpu_roofline(fmt: str, shape, t: dict, copy_bytes: int, itemsize: int = 2) -
         f"roofline; its time / (quantize + dequantize) {ratio(t['fake'], two_passes)}")
 
 
+def compiled_under(mode: str, fn, *args):
+  """`fn(*args)` jitted and compiled with mxjax's kernel choice `mode` ("ffi" or "xla": the
+  plain-XLA path), as a function of no arguments (the arrays are arguments of the program:
+  closed over, XLA would fold the op into a constant at compile time)."""
+  before = backend.get_kernels()
+  backend.set_kernels(mode)
+  try:
+    run = jax.jit(fn).lower(*args).compile()
+  finally:
+    backend.set_kernels(before)
+  return functools.partial(run, *args)
+
+
 def bench_xla_path(fmts, shape, reps: int):
-  """Prints the plain-XLA path's time (mxjax.xla_codec, what runs where no FFI kernels are
-  used) against the jnp baseline above, rowwise and rowwise + columnwise, timed in the
+  """Prints the plain-XLA path's time (`mxjax._src.codec`, what runs where no FFI kernels
+  are used) against the jnp baseline above, rowwise and rowwise + columnwise, timed in the
   same run; the issue's goal is a ratio (jnp / XLA path) of at least 1 on CPU."""
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
-  mode = formats.ScaleMode.RCEIL
   print(f"\nplain-XLA path vs jnp baseline: bf16 {shape}, block 32, rceil")
   print(f"{'format':7} {'op':6} {'xla ms':>9} {'Gelem/s':>8} {'jnp ms':>9} {'jnp/xla':>8}")
   for fmt in fmts:
-    f = formats.element_format(fmt)
-    row = lambda x, axis: xla_codec.quantize(x, f, 32, mode, axis % x.ndim)  # noqa: E731
     t = interleaved_medians({
-        "xla_row": jax.jit(lambda x: row(x, -1)),
-        "xla_2x": jax.jit(lambda x: (row(x, -1), row(x, -2))),
-        "jnp_row": jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
-        "jnp_2x": jax.jit(lambda x: (jnp_quantize(x, fmt, -1), jnp_quantize(x, fmt, -2))),
-    }, x, reps=reps)
+        "xla_row": compiled_under("xla", lambda x: quantize(x, fmt), x),
+        "xla_2x": compiled_under("xla", lambda x: (quantize(x, fmt), quantize(x, fmt, axis=0)),
+                                 x),
+        "jnp_row": functools.partial(jax.jit(functools.partial(jnp_quantize, fmt=fmt, axis=-1)),
+                                     x),
+        "jnp_2x": functools.partial(jax.jit(lambda x: (jnp_quantize(x, fmt, -1),
+                                                       jnp_quantize(x, fmt, -2))), x),
+    }, reps=reps)
     for op in ("row", "2x"):
       k, j = t[f"xla_{op}"], t[f"jnp_{op}"]
       print(f"{fmt:7} {op:6} {k * 1e3:9.2f} {n / k / 1e9:8.2f} {j * 1e3:9.2f} {j / k:7.2f}x")
 
 
-BLOCK_FORMATS = ("mxfp4", "nvfp4", "nvfp4_2d", "fp8_1x128", "fp8_128x128", "mxfp8_2d")
+BLOCK_FORMATS = {"mxfp4": mxjax.mx("e2m1"), "nvfp4": mxjax.nvfp4(),
+                 "nvfp4_2d": mxjax.nvfp4(two_d=True), "fp8_1x128": mxjax.fp8_block(),
+                 "fp8_128x128": mxjax.fp8_block(two_d=True),
+                 "mxfp8_2d": mxjax.mx("e4m3", two_d=True)}
 
 
-def cpu_model() -> str:
-  """The CPU's model name (lscpu's), or the platform's processor string."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  import platform  # noqa: PLC0415
-  return platform.processor() or "unknown CPU"
-
-
-def bench_block_formats(shape, reps: int, names=BLOCK_FORMATS):
-  """Prints the block-scaled formats' kernels (`mxjax.block_ops`: the CPU kernels at the
-  SIMD level in use, or plain XLA where the FFI is off) and their plain-XLA path
-  (`mxjax.block_codec`, the baseline) on a bf16 matrix: quantize along the last axis (2-D
-  formats: in tiles), along the first (1-D formats), the same with stochastic rounding
-  (its uint32 bits an input), both at once ("2x": `quantize_2x`, one pass; the XLA path
-  quantizes twice), dequantize and fake_quantize (the GEMM's operand, f32 out).
-  Each prints its time and the bytes it moves per second as a fraction of the parallel
-  copy's (timed in the same repetitions): the bf16 input (plus the bits), the packed codes
-  (bits / 8 bytes per element), the scales, and f32 for the dequantized outputs. NVFP4's
-  quantize and fake_quantize include the tensor scale's amax (`block_ops.tensor_amax`: the
-  mxjax_tensor_amax kernel on CPU; "amax" row, beside the XLA reduction it replaces).
-  Issue 42's goal: NVFP4 and FP8 1x128 rowwise quantize at >= 0.5 of the roofline (CPU,
-  bf16 4096^2).
+def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
+  """Prints the block-scaled formats' kernels (the CPU kernels at the SIMD level in use, or
+  the CUDA ones) against their plain-XLA path (the baseline, the same bits) on a bf16
+  matrix: quantize along the last axis (2-D formats: in tiles), along the first (1-D
+  formats), with stochastic rounding ("sr"), both at once ("2x": `quantize_2x`, one pass;
+  the XLA path quantizes twice), dequantize and fake_quantize (the GEMM's operand, bf16
+  out). Each prints its time and the bytes it moves per second as a fraction of the
+  copy's: the bf16 input, the packed codes, the scales, bf16 outputs. NVFP4's quantize and
+  fake_quantize include the tensor scale's amax (its own pass over x, "amax").
   """
-  from mxjax import block_codec, block_format as bfmt, block_ops  # noqa: PLC0415
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
-  rand = block_codec.random_bits(jnp.asarray([1, 2], jnp.uint32), shape)
-  copy, copy_bytes = parallel_copy()
-  print(f"\nblock-scaled formats: bf16 {shape}, {cpu_model()}, simd="
-        f"{_ffi.build_info()['simd']}, {os.cpu_count()} cores; roofline = bytes moved per "
-        "second / the parallel copy's")
+  key = jax.random.key(1)
+  if jax.devices()[0].platform == "cpu":
+    copy, copy_bytes = parallel_copy()
+  else:
+    copy = compiled_under("xla", lambda x: -x, x)
+    copy_bytes = 2 * x.nbytes
+  device = jax.devices()[0]
+  where = cpu_model() if device.platform == "cpu" else device.device_kind
+  print(f"\nblock-scaled formats: bf16 {shape}, simd={extension.build_info()['simd']}, "
+        f"{where}; roofline = bytes moved per second / the copy's")
   print(f"{'format':28} {'op':6} {'ms':>8} {'Gelem/s':>8} {'roofline':>18} {'XLA path ms':>12} "
         f"{'speedup':>8}")
-  for name in names:
-    bf = {"mxfp4": bfmt.mx("e2m1"), "nvfp4": bfmt.NVFP4, "nvfp4_2d": bfmt.NVFP4_2D,
-          "fp8_1x128": bfmt.FP8_1X128, "fp8_128x128": bfmt.FP8_128X128,
-          "mxfp8_2d": bfmt.MXFP8_2D}[name]
-    codes, scales, ts = block_ops.quantize(x, bf, -1)
-    scale_bytes = scales.size * scales.dtype.itemsize
-    code_bytes = codes.size  # packed, uint8
-    # op: (fn(module, x, rand, codes, scales, ts), bytes moved); the arrays are arguments
-    # (closed over, XLA would fold the whole op into a constant at compile time).
-    ops = {"row": (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, -1),
-                   n * 2 + code_bytes + scale_bytes),
-           "sr": (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, -1, r),
-                  n * 6 + code_bytes + scale_bytes),
-           "deq": (lambda m, x, r, c, s, t, bf=bf: m.dequantize(c, s, t, bf, -1),
-                   n * 4 + code_bytes + scale_bytes),
-           "fake": (lambda m, x, r, c, s, t, bf=bf: m.fake_quantize(x, bf, -1), n * 6)}
+  for bf in (BLOCK_FORMATS[name] for name in names):
+    a = jax.jit(lambda x, bf=bf: quantize(x, bf))(x)
+    code_bytes = a.data.size
+    scale_bytes = a.scales.size * a.scales.dtype.itemsize
+    ops = {"row": (lambda x, a, bf=bf: quantize(x, bf), 2 * n + code_bytes + scale_bytes),
+           "sr": (lambda x, a, bf=bf: quantize(x, bf, rng=key), 2 * n + code_bytes + scale_bytes),
+           "deq": (lambda x, a: dequantize(a, jnp.bfloat16), 2 * n + code_bytes + scale_bytes),
+           "fake": (lambda x, a, bf=bf: fake_quantize(x, bf), 4 * n)}
     if not bf.two_d:
-      ops["col"] = (lambda m, x, r, c, s, t, bf=bf: m.quantize(x, bf, 0),
-                    n * 2 + code_bytes + scale_bytes)
-      ops["2x"] = (lambda m, x, r, c, s, t, bf=bf: (m.quantize_2x(x, bf) if m is block_ops else
-                                                   (m.quantize(x, bf, -1), m.quantize(x, bf, 0))),
-                   n * 2 + 2 * (code_bytes + scale_bytes))
-    if bf.tensor_scale:  # the kernel; its XLA column: the reduction block_codec makes
-      ops["amax"] = (lambda m, x, r, c, s, t: m.tensor_amax(x), n * 2)
-    args = (x, rand, codes, scales, ts)
-    fns = {"copy": lambda *_: copy()}
+      ops["col"] = (lambda x, a, bf=bf: quantize(x, bf, axis=0), 2 * n + code_bytes + scale_bytes)
+      ops["2x"] = (lambda x, a, bf=bf: quantize_2x(x, bf), 2 * n + 2 * (code_bytes + scale_bytes))
+    if bf.tensor_scale:
+      ops["amax"] = (lambda x, a: jnp.max(jnp.abs(x)), 2 * n)
+    fns = {"copy": copy}
     for op, (f, _) in ops.items():
-      fns[op] = functools.partial(jax.jit(functools.partial(f, block_ops)), *args)
-      fns[f"xla_{op}"] = functools.partial(jax.jit(functools.partial(f, block_codec)), *args)
+      fns[op] = compiled_under("ffi" if op != "amax" else "xla", f, x, a)
+      if op != "amax":
+        fns[f"xla_{op}"] = compiled_under("xla", f, x, a)
     t = interleaved_times(fns, reps=reps)
     for op, (_, moved) in ops.items():
       frac = ratio(t["copy"], t[op], moved / copy_bytes)
-      base = min(t[f"xla_{op}"])
-      xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
+      xla = ""
+      if op != "amax":
+        base = min(t[f"xla_{op}"])
+        xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
       print(f"{str(bf):28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
             f"{frac:>18} {xla}", flush=True)
-    print(f"{str(bf):28} copy   {min(t['copy']) * 1e3:8.2f}  ({copy_bytes / min(t['copy']) / 1e9:.1f}"
-          " GB/s read + written)", flush=True)
+    best_copy = min(t["copy"])
+    print(f"{str(bf):28} copy   {best_copy * 1e3:8.2f}  ({copy_bytes / best_copy / 1e9:.1f} GB/s "
+          "read + written)", flush=True)
 
 
 def main(argv=None):
@@ -266,7 +262,7 @@ def main(argv=None):
     bench_block_formats(shape, args.reps, args.block_formats.split(","))
     return
   n = int(np.prod(shape))
-  info = _ffi.build_info()
+  info = extension.build_info()
   device = jax.devices()[0]
   dtype = jnp.dtype(args.dtype)
   print(f"mxjax quantize benchmark: {dtype.name} {shape}, block 32, rceil; simd={info['simd']}, "

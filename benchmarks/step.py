@@ -5,6 +5,7 @@ fixed cost of one FFI kernel call; and of one eager (un-jitted) mxjax op.
   python benchmarks/step.py --d-model 256 --layers 4 --seq-len 256 --batch-size 32
   python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1,fp8_delayed
   python benchmarks/step.py --dtype float32    # an f32 model (Flax's default), against f32
+  python benchmarks/step.py --big              # d_model 1024, 4 layers, seq 512 (a GPU's size)
 
 The step is the sweep's (`mxjax.sweep.train.Runner.step`: loss, grads, AdamW update and a
 stateful recipe's next state) jitted under each row's treatment, as the sweep runs it; the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +35,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved_medians  # noqa: E402
 
-from mxjax import _ffi  # noqa: E402
-from mxjax._operand_dtype import cpu_operand_dtype  # noqa: E402
-from mxjax.quantize import quantize  # noqa: E402
+from mxjax._src import extension  # noqa: E402
+from mxjax._src.operand_dtype import cpu_operand_dtype  # noqa: E402
+from mxjax._src.quantize import quantize  # noqa: E402
 from mxjax.sweep import formats as sweep_formats  # noqa: E402
 from mxjax.sweep import model as model_lib  # noqa: E402
 from mxjax.sweep import train as train_lib  # noqa: E402
@@ -47,12 +49,15 @@ def step_fns(lm, config: train_lib.TrainConfig, names, seq_len: int):
   state each time (the state's values do not change the work)."""
   fns = {}
   for name in names:
-    treatment = train_lib.Treatment.for_gemms(sweep_formats.FORMATS[name])
+    row = sweep_formats.FORMATS[name]
+    treatment = train_lib.Treatment.for_gemms(row)
     runner = train_lib.Runner(lm, config, treatment, seq_len)
+    recipe = row.recipe()
+    key = jax.random.key(0) if recipe is not None and recipe.needs_rng() else None
 
-    def run(params, opt_state, batch, runner=runner):
+    def run(params, opt_state, batch, runner=runner, key=key):  # SR recipes: a step's key
       with runner.treatment.context():
-        return runner.step(params, runner.state0, opt_state, batch)
+        return runner.step(params, runner.state0, opt_state, batch, key)
 
     fns[name] = run
   return fns, runner.tx
@@ -96,9 +101,13 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                  help="the LM's computation dtype (the baseline's too)")
+  p.add_argument("--big", action="store_true",
+                 help="d_model 1024, 4 layers, 8 heads, seq 512, batch 16 (overrides those)")
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--calls", type=int, default=64, help="quantize calls for the FFI cost")
   args = p.parse_args(argv)
+  if args.big:
+    args.d_model, args.layers, args.heads, args.seq_len, args.batch_size = 1024, 4, 8, 512, 16
   config = model_lib.ModelConfig(d_model=args.d_model, layers=args.layers, heads=args.heads,
                                  max_len=args.seq_len)
   lm = model_lib.LanguageModel(config, dtype=jnp.dtype(args.dtype))
@@ -110,11 +119,15 @@ def main(argv=None):
   opt_state = tx.init(params)
   device = jax.devices()[0]
   print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} cores, "
-        f"simd={_ffi.build_info()['simd']}, MX product operands: "
+        f"simd={extension.build_info()['simd']}, MX product operands: "
         f"{cpu_operand_dtype().name if device.platform == 'cpu' else 'bfloat16'}")
   print(f"LM: d_model {config.d_model}, {config.layers} layers, {config.heads} heads, "
         f"batch {args.batch_size} x seq {args.seq_len}, {args.dtype}; AdamW step (sweep "
         f"defaults)")
+  for name, fn in fns.items():  # compile (and a first run) apart from the timed steps
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(params, opt_state, batch))
+    print(f"  {name:14s} compile + first step {time.perf_counter() - t0:6.1f} s")
   t = interleaved_medians(fns, params, opt_state, batch, reps=args.reps)
   base = t[sweep_formats.BASELINE]
   for name, sec in t.items():

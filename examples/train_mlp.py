@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mxjax import context, linen as mxl, state as state_lib
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+from mxjax import linen as mxl, state as state_lib
+from mxjax._src import context
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling)
 
 RECIPES = {

@@ -7,6 +7,7 @@
 #include "cpu/kernels.h"
 #ifdef MXJAX_WITH_CUDA
 #include "cuda/handlers.h"  // MxjaxQuantizeCuda, MxjaxQuantize2xCuda, MxjaxDequantizeCuda
+#include "cuda/block_handlers.h"  // the block formats' and mxjax_tensor_amax
 #endif
 
 namespace nb = nanobind;
@@ -43,9 +44,17 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_quantize"] = capsule(MxjaxQuantizeCuda);
     d["mxjax_quantize_2x"] = capsule(MxjaxQuantize2xCuda);
     d["mxjax_dequantize"] = capsule(MxjaxDequantizeCuda);
+    d["mxjax_fake_quantize"] = capsule(MxjaxFakeQuantizeCuda);
     // [cuda engineer] CUDA-only targets (ffi/cuda/handlers.h).
     d["mxjax_swizzle_scales"] = capsule(MxjaxSwizzleScalesCuda);
     d["mxjax_mx_gemm"] = capsule(MxjaxMxGemmCuda);
+    d["mxjax_fp8_block_gemm"] = capsule(MxjaxFp8BlockGemmCuda);
+    // The block formats, under the CPU targets' names (cuda/block_handlers.h).
+    d["mxjax_block_quantize"] = capsule(MxjaxBlockQuantizeCuda);
+    d["mxjax_block_quantize_2x"] = capsule(MxjaxBlockQuantize2xCuda);
+    d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCuda);
+    d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCuda);
+    d["mxjax_tensor_amax"] = capsule(MxjaxTensorAmaxCuda);
 #endif
     return d;
   }, "{target name: capsule} of the CUDA (platform \"CUDA\") handlers; empty without CUDA.");

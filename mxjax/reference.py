@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mxjax import formats
+from mxjax._src import formats
 
 _U32 = jnp.uint32
 _I32 = jnp.int32

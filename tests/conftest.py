@@ -36,29 +36,45 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+  """Where pytest-xdist is loaded and the command line names no workers (`-n`, `--tx`):
+  one worker per core, at most 4, a test file per worker (`--dist loadfile`), as if given
+  `-n auto --maxprocesses 4 --dist loadfile`. Runs before xdist's own hook, which turns
+  these options into workers; `-p no:xdist` leaves a plain single-process run."""
+  if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+    return  # no xdist, or an xdist worker (its options come from the controller)
+  option = config.option
+  if option.numprocesses is None and not option.tx:
+    option.numprocesses = "auto"
+    option.maxprocesses = option.maxprocesses or 4
+  if option.numprocesses != 0 and option.dist == "no" and not option.distload:
+    option.dist = "loadfile"
+
+
 def _kernel_levels() -> tuple[str | None, ...]:
   """The CPU kernel levels to run the exactness tests at: every one this build and CPU run
   where the ops use the CPU kernels; (None,) (the level does not matter) where they use
   plain XLA."""
-  from mxjax import _ffi, backend  # noqa: PLC0415  (jax after XLA_FLAGS above)
+  from mxjax._src import extension, backend  # noqa: PLC0415  (jax after XLA_FLAGS above)
   if "cpu" not in backend.built_platforms() or "cpu" not in backend.ffi_platforms():
     return (None,)
-  return _ffi.runnable_simd()
+  return extension.runnable_simd()
 
 
 @pytest.fixture(scope="module", params=_kernel_levels())
 def simd_level(request):
-  """Runs each test of a module that uses it at each level (mxjax._ffi.set_simd), in this
+  """Runs each test of a module that uses it at each level (mxjax._src.extension.set_simd), in this
   process: the programs compiled at the first level serve the others, whose runs differ in
   the kernels."""
   if request.param is None:
     yield None
     return
-  from mxjax import _ffi  # noqa: PLC0415
-  before = _ffi.build_info()["simd"]
-  _ffi.set_simd(request.param)
+  from mxjax._src import extension  # noqa: PLC0415
+  before = extension.build_info()["simd"]
+  extension.set_simd(request.param)
   yield request.param
-  _ffi.set_simd(before)
+  extension.set_simd(before)
 
 
 def bits_of(a) -> np.ndarray:
@@ -70,7 +86,7 @@ def bits_of(a) -> np.ndarray:
 def mxarrays(tree) -> list:
   """The MXArrays of a pytree, in leaf order."""
   import jax  # noqa: PLC0415 (jax after XLA_FLAGS, as everywhere in this file)
-  from mxjax.mxarray import MXArray  # noqa: PLC0415
+  from mxjax._src.mxarray import MXArray  # noqa: PLC0415
   leaves = jax.tree.leaves(tree, is_leaf=lambda a: isinstance(a, MXArray))
   return [a for a in leaves if isinstance(a, MXArray)]
 
@@ -234,7 +250,8 @@ def every_code_under_every_scale(fmt: str, block_size: int = 32):
   """Row r holds every code of `fmt` (repeated to at least 64 entries) under scale byte r,
   for all 256 bytes. -> (codes uint8[256, n], scales e8m0[256, n / block], packed data)."""
   import jax.numpy as jnp  # noqa: PLC0415 (after the XLA_FLAGS above)
-  from mxjax import formats, reference  # noqa: PLC0415
+  from mxjax import reference  # noqa: PLC0415
+  from mxjax._src import formats
   bits = formats.element_format(fmt).bits
   codes = np.tile(np.arange(1 << bits, dtype=np.uint8), max(1, 64 >> bits))
   codes = jnp.asarray(np.broadcast_to(codes, (256, codes.size)))

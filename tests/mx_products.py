@@ -18,7 +18,7 @@ def _jaxprs(value):
 
 
 def _is_mx_product(eqn) -> bool:
-  """An MX product is mxjax's block-scaled `dot_general` (`mxjax.dot._mx_dot`): a
+  """An MX product is mxjax's block-scaled `dot_general` (`mxjax._src.dot._mx_dot`): a
   `custom_vjp` traced from that function (its backward's name is lost under vmap)."""
   if eqn.primitive.name != "custom_vjp_call":
     return False

@@ -1,5 +1,5 @@
 """The block-scaled recipes (TE's fields and defaults, their errors) and their GEMM
-(`mxjax.block_dot`) against the oracle; stochastic rounding's keys in linen and nnx."""
+(`mxjax.dot_general` with a recipe's roles) against the oracle; stochastic rounding's keys in linen and nnx."""
 
 from __future__ import annotations
 
@@ -10,31 +10,32 @@ import pytest
 from flax import nnx
 
 import mxjax
-from mxjax import block_dot, block_format as bfmt, reference
-from mxjax.block_format import ScaleFormat
-from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
-from mxjax.recipes import Format, MXFP4BlockScaling, MXFP8BlockScaling
+from mxjax import reference
+from mxjax._src import formats as bfmt
+from mxjax._src.formats import ScaleFormat
+from mxjax._src.recipes import (Float8BlockScaling, Format, MXFP4BlockScaling, MXFP8BlockScaling,
+                                NVFP4BlockScaling)
 
 DIMS = (((1,), (0,)), ((), ()))
 
 
 def test_te_defaults():
-  r = NVFP4BlockScaling().block_roles()
+  r = NVFP4BlockScaling().roles()
   assert (r.x, r.w, r.grad) == (bfmt.NVFP4, bfmt.NVFP4_2D, bfmt.NVFP4)
   assert r.stochastic_rounding and r.random_hadamard_transform and r.hadamard_size == 16
   off = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
-                          disable_2d_quantization=True).block_roles()
+                          disable_2d_quantization=True).roles()
   assert off.w == bfmt.NVFP4 and not off.stochastic_rounding and not off.random_hadamard_transform
   assert not NVFP4BlockScaling(disable_stochastic_rounding=True).needs_rng()
-  f = Float8BlockScaling().block_roles()
+  f = Float8BlockScaling().roles()
   assert (f.x.block, f.w.block, f.grad.block) == ((1, 128), (128, 128), (1, 128))
   assert {f.x.scale, f.w.scale, f.grad.scale} == {ScaleFormat.FP32_POW2}
-  assert Float8BlockScaling(use_f32_scales=True).block_roles().x.scale is ScaleFormat.FP32
-  assert Float8BlockScaling(fp8_format=Format.HYBRID).block_roles().grad.element == "e5m2"
-  assert MXFP8BlockScaling().block_roles() is None  # plain MX keeps mxjax.dot
-  assert MXFP8BlockScaling(enable_2d_quantization=True).block_roles().w == bfmt.MXFP8_2D
+  assert Float8BlockScaling(use_f32_scales=True).roles().x.scale is ScaleFormat.FP32
+  assert Float8BlockScaling(fp8_format=Format.HYBRID).roles().grad.element == "e5m2"
+  assert MXFP8BlockScaling().roles().plain_mx  # the MX kernels' fast path
+  assert MXFP8BlockScaling(enable_2d_quantization=True).roles().w == bfmt.MXFP8_2D
   sr = MXFP4BlockScaling(stochastic_rounding=True, random_hadamard_transform=True)
-  assert sr.needs_rng() and sr.block_roles().grad == bfmt.mx("e2m1")
+  assert sr.needs_rng() and sr.roles().grad == bfmt.mx("e2m1")
 
 
 @pytest.mark.parametrize("make, match", [
@@ -53,11 +54,18 @@ def test_invalid_combinations(make, match):
     make()
 
 
-def test_quantized_model_init_refuses_block_recipes():
+def test_quantized_model_init_stores_the_weight_role_of_block_recipes():
+  """2-D weight formats are one tile MXArray (serving the forward and the dgrad);
+  per-tensor FP8 has no block-scaled weights to store and says so."""
+  x = jnp.ones((2, 64))
   for recipe in (NVFP4BlockScaling(), MXFP8BlockScaling(enable_2d_quantization=True)):
-    with pytest.raises(ValueError, match="plain MX recipe"):
-      with mxjax.quantized_model_init(recipe=recipe):
-        pass
+    with mxjax.quantized_model_init(recipe=recipe):
+      kernel = mxjax.linen.Dense(64).init(jax.random.key(0), x)[mxjax.linen.QUANTIZED_KERNELS][
+          "kernel"]
+    assert isinstance(kernel, mxjax.MXArray) and kernel.format == recipe.roles().w
+  with pytest.raises(ValueError, match="no block-scaled weights to store|block-scaled recipe"):
+    with mxjax.quantized_model_init(recipe=mxjax.DelayedScaling()):
+      pass
 
 
 def _oracle(x, bf, axis):
@@ -77,12 +85,12 @@ def test_gemm_equals_the_oracles_products(recipe):
   x = jnp.asarray(rng.standard_normal((40, 48)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((48, 36)) * 0.1, jnp.float32)
   g = jnp.asarray(rng.standard_normal((40, 36)), jnp.float32)
-  roles = recipe.block_roles()
+  roles = recipe.roles()
   hi = jax.lax.Precision.HIGHEST
 
   @jax.jit
   def both(x, w, g):
-    y, vjp = jax.vjp(lambda x, w: block_dot.dot_general(x, w, DIMS, roles), x, w)
+    y, vjp = jax.vjp(lambda x, w: _dot(x, w, roles), x, w)
     (qx, sx), (qw, sw) = _oracle(x, roles.x, -1), _oracle(w, roles.w, 0)
     (qg, sg), (qw_n, sw_n) = _oracle(g, roles.grad, -1), _oracle(w, roles.w, -1)
     (qx_m, sx_m), (qg_m, sg_m) = _oracle(x, roles.x, 0), _oracle(g, roles.grad, 0)
@@ -175,12 +183,12 @@ def test_mx_rng_keys_stochastic_rounding_of_quantized_functions_and_nnx_models()
 def test_same_key_same_result_on_one_device_and_a_mesh():
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
-  roles = MXFP4BlockScaling(stochastic_rounding=True).block_roles()
+  roles = MXFP4BlockScaling(stochastic_rounding=True).roles()
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((32, 32)), jnp.float32)
-  f = jax.jit(jax.grad(lambda x, w, k: jnp.sum(block_dot.dot_general(
-      x, w, DIMS, roles, rng=k) ** 2), argnums=(0, 1)))
+  f = jax.jit(jax.grad(lambda x, w, k: jnp.sum(_dot(
+      x, w, roles, rng=k) ** 2), argnums=(0, 1)))
   key = jax.random.key(7)
   one = f(x, w, key)
   mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -194,13 +202,13 @@ def test_same_key_same_result_on_one_device_and_a_mesh():
 def test_stochastic_rounding_under_remat_and_scan():
   """The bits depend on the key alone: remat recomputes the same gradient; a scan over
   steps with per-step keys gives each step its own bits."""
-  roles = MXFP4BlockScaling(stochastic_rounding=True).block_roles()
+  roles = MXFP4BlockScaling(stochastic_rounding=True).roles()
   rng = np.random.default_rng(4)
   x = jnp.asarray(rng.standard_normal((32, 32)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((32, 16)), jnp.float32)
 
   def loss(w, key):
-    return jnp.sum(block_dot.dot_general(x, w, DIMS, roles, rng=key) ** 2)
+    return jnp.sum(_dot(x, w, roles, rng=key) ** 2)
 
   key = jax.random.key(11)
   plain = jax.jit(jax.grad(loss))(w, key)
@@ -215,6 +223,10 @@ def test_stochastic_rounding_under_remat_and_scan():
   np.testing.assert_array_equal(per_step[0], jax.jit(jax.grad(loss))(w, jax.random.fold_in(key, 0)))
 
 
+def _dot(x, w, roles, **kwargs):
+  return mxjax.dot_general(x, w, DIMS, recipe=roles, **kwargs)
+
+
 def test_mx_roles_agree_with_the_mx_dot():
   """MX roles in the block GEMM (the RHT only touches the wgrad) give the plain MX dot's
   forward and dgrad, bit for bit: one E8M0 rule in both paths."""
@@ -222,11 +234,11 @@ def test_mx_roles_agree_with_the_mx_dot():
   x = jnp.asarray(rng.standard_normal((64, 96)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
   g = jnp.asarray(rng.standard_normal((64, 40)), jnp.float32)
-  roles = MXFP4BlockScaling(random_hadamard_transform=True).block_roles()
+  roles = MXFP4BlockScaling(random_hadamard_transform=True).roles()
 
   @jax.jit
   def both(x, w, g):
-    y1, vjp1 = jax.vjp(lambda x, w: block_dot.dot_general(x, w, DIMS, roles), x, w)
+    y1, vjp1 = jax.vjp(lambda x, w: _dot(x, w, roles), x, w)
     y2, vjp2 = jax.vjp(lambda x, w: mxjax.dot_general(x, w, DIMS, fwd_format="e2m1",
                                                       bwd_format="e2m1"), x, w)
     return y1, vjp1(g)[0], y2, vjp2(g)[0]

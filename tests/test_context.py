@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mxjax import context, linen as mxl, memory, nnx as mxnnx, state as state_lib
-from mxjax.mxarray import MXArray
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
+from mxjax import linen as mxl, nnx as mxnnx, state as state_lib
+from mxjax._src import context, memory
+from mxjax._src.mxarray import MXArray
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, MXFP4BlockScaling,
                            MXFP8BlockScaling, Recipe)
 
 
@@ -111,8 +112,8 @@ def test_quantized_model_init_stores_mxarray_pairs():
   assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(a)) < 0.08
 
 
-def test_quantized_model_init_needs_an_mx_recipe():
-  with pytest.raises(ValueError, match="MX recipe"):
+def test_quantized_model_init_needs_a_block_scaled_recipe():
+  with pytest.raises(ValueError, match="needs a block-scaled recipe"):
     with context.quantized_model_init(recipe=DelayedScaling()):
       pass
 

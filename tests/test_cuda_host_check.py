@@ -1,7 +1,10 @@
-"""The CUDA kernels' per-thread code, run on the host by ffi/cuda/tests/host_check.cu and
-compared byte for byte with the CPU kernels (every format, dtype, block size and scale
-mode, odd shapes with Inf / NaN / -0 / subnormals; and the 128x4 scale swizzle). Needs
-nvcc, not a GPU; CI has nvcc. The GPU itself is checked by ffi/cuda/tests/gpu_check.py."""
+"""The CUDA kernels' per-thread code, run on the host and compared byte for byte with the
+CPU kernels: ffi/cuda/tests/host_check.cu for the MX kernels (every format, dtype, block
+size and scale mode, odd shapes with Inf / NaN / -0 / subnormals; and the 128x4 scale
+swizzle), ffi/cuda/tests/block_host_check.cu for the block formats' kernels (every format,
+scale kind, block, dtype, stochastic rounding, tensor scale; packed codes against the
+CPU's packed codes; quantize_2x, dequantize, tensor amax). Needs nvcc, not a GPU; CI
+has nvcc. The GPU itself is checked by ffi/cuda/tests/gpu_check.py and gpu_check_block.py."""
 
 import pathlib
 import shutil
@@ -23,3 +26,16 @@ def test_cuda_kernel_bodies_equal_cpu_kernels_on_the_host(tmp_path):
   run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
   assert "all passed" in run.stdout
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_cuda_block_kernel_bodies_equal_cpu_block_kernels_on_the_host(tmp_path):
+  exe = tmp_path / "block_host_check"
+  subprocess.run([NVCC, "-std=c++17", "-O2", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'ffi/include'}",
+                  "-isystem", jax.ffi.include_dir(),
+                  str(ROOT / "ffi/cuda/tests/block_host_check.cu"), "-o", str(exe)],
+                 check=True, capture_output=True, text=True)
+  run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+  assert "all passed" in run.stdout
+  assert "FAIL" not in run.stdout

@@ -1,9 +1,13 @@
-"""The documentation is tested: the site builds in strict mode, the API reference renders
-every public name, and every ```python block of docs/*.md and README.md runs.
+"""The documentation is tested: the site builds in strict mode (`sphinx-build -W`), the
+API reference renders every public name, and every ```python block of docs/*.md and
+README.md runs, alone, without a warning.
 
-Blocks of one page run in order in one namespace (a page is one script); each page gets
-a fresh namespace. All pages run in one child process (one jax import), from a
-temporary directory, with the mxjax the tests use (`conftest.child_env`). A block opts out
+Each block runs in a fresh namespace (a block is a script a reader pastes on its own:
+imports included). All blocks run in one child process (one jax import), from a
+temporary directory, with the mxjax the tests use (`conftest.child_env`). A warning a block
+emits (`warnings.warn`, or a `logging` record of level WARNING or above) fails it, unless
+the block states it with a comment line `# expected warning: TEXT` (TEXT: a part of the
+message); a stated warning that does not come fails it too. A block opts out of running
 only with the line `<!-- docs-test: skip -->` right above its fence, for what cannot run
 here (a multi-process launch).
 """
@@ -18,12 +22,14 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 from conftest import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = "<!-- docs-test: skip -->"
+EXPECTED = re.compile(r"^\s*# expected warning: (.+?)\s*$", re.M)
 PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]
 API_MODULES = ("mxjax", "mxjax.linen", "mxjax.nnx", "mxjax.rules", "mxjax.state")
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
@@ -45,45 +51,80 @@ def code_blocks(path: str) -> list[tuple[int, str, bool]]:
   return blocks
 
 
+def block_indents(path: str) -> list[int]:
+  """The indent of every ```python fence of a page (0: not inside a list item)."""
+  with open(path, encoding="utf-8") as f:
+    return [len(m.group("indent")) for m in _FENCE.finditer(f.read())
+            if m.group("lang") == "python"]
+
+
 _RUNNER = r'''
-import json, sys, traceback
+import json, logging, sys, traceback, warnings
+
+class Records(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.messages = []
+  def emit(self, record):
+    self.messages.append(f"logging {record.levelname}: {record.getMessage()}")
+
 pages = json.load(open(sys.argv[1]))
 results = {}
 for page, blocks in pages.items():
-  namespace = {"__name__": "__main__"}
-  results[page] = {"ran": 0, "error": None}
-  for line, source in blocks:
+  results[page] = {"ran": 0, "errors": []}
+  for line, source, expected in blocks:
+    namespace = {"__name__": "__main__"}  # every block alone, as a reader pastes it
+    records = Records()
+    logging.getLogger().addHandler(records)
+    error = None
     try:
-      exec(compile(source, f"{page}:{line}", "exec"), namespace)
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(source, f"{page}:{line}", "exec"), namespace)
     except BaseException:
-      results[page]["error"] = f"block at line {line}:\n" + traceback.format_exc(limit=8)
-      break
-    results[page]["ran"] += 1
+      error = traceback.format_exc(limit=8)
+    finally:
+      logging.getLogger().removeHandler(records)
+    got = [f"{w.category.__name__}: {w.message}" for w in caught] + records.messages
+    unexpected = [m for m in got if not any(e in m for e in expected)]
+    missing = [e for e in expected if not any(e in m for m in got)]
+    if error is None and unexpected:
+      error = "warnings the block does not state (# expected warning: ...):\n" + "\n".join(unexpected)
+    if error is None and missing:
+      error = "stated warnings that did not come:\n" + "\n".join(missing)
+    if error is None:
+      results[page]["ran"] += 1
+    else:
+      results[page]["errors"].append(f"block at line {line}:\n{error}")
 json.dump(results, open(sys.argv[2], "w"))
 '''
 
 
 @pytest.fixture(scope="module")
 def page_results(tmp_path_factory):
-  """Runs every page's blocks in one child process; page name -> {"ran", "error"}."""
+  """Runs every block, each alone, in one child process; page -> {"ran", "errors"}."""
   tmp = tmp_path_factory.mktemp("docs_run")
-  pages = {os.path.relpath(p, ROOT): [(line, src) for line, src, skip in code_blocks(p)
-                                      if not skip] for p in PAGES}
+  pages = {os.path.relpath(p, ROOT): [(line, src, EXPECTED.findall(src))
+                                      for line, src, skip in code_blocks(p) if not skip]
+           for p in PAGES}
   (tmp / "pages.json").write_text(json.dumps(pages))
   (tmp / "runner.py").write_text(_RUNNER)
   proc = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "pages.json"),
                          str(tmp / "results.json")], cwd=tmp, capture_output=True, text=True,
-                        timeout=600, env=child_env(MPLBACKEND="Agg"))
+                        timeout=900, env=child_env(MPLBACKEND="Agg"))
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads((tmp / "results.json").read_text())
 
 
 @pytest.mark.parametrize("page", [os.path.relpath(p, ROOT) for p in PAGES])
-def test_code_blocks_run(page, page_results):
+def test_code_blocks_run_alone_without_warnings(page, page_results):
+  """Every block of the page runs in a fresh namespace and emits no warning it does not
+  state; no block is indented inside a list item (it could not be pasted as it is)."""
   result = page_results[page]
-  assert result["error"] is None, f"{page}: {result['error']}"
+  assert not result["errors"], f"{page}:\n" + "\n\n".join(result["errors"])
   expected = sum(not skip for _, _, skip in code_blocks(os.path.join(ROOT, page)))
   assert result["ran"] == expected
+  assert not any(block_indents(os.path.join(ROOT, page))), f"{page}: an indented python block"
 
 
 def test_few_blocks_skip():
@@ -131,19 +172,116 @@ def test_all_lists_every_public_name(module):
   assert all(hasattr(mod, n) for n in _all(module))
 
 
-def test_mkdocs_build_strict(tmp_path):
-  """`mkdocs build --strict` succeeds (a broken link, reference or docstring fails it), and
-  the API reference has a heading for every name in the five modules' `__all__`."""
-  site = tmp_path / "site"
-  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
-                         os.path.join(ROOT, "mkdocs.yml"), "-d", str(site)],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+  """The site, built as the docs say: `sphinx-build -W -b html docs OUT` (warnings are
+  errors; autodoc imports the mxjax the tests use)."""
+  out = tmp_path_factory.mktemp("site") / "html"
+  proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
+                         "html", os.path.join(ROOT, "docs"), str(out)],
+                        cwd=out.parent, capture_output=True, text=True, timeout=600,
+                        env=child_env())
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-  assert "WARNING" not in proc.stderr, proc.stderr[-5000:]  # (-q would hide them from --strict)
+  assert "WARNING" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-5000:]
+  return out
+
+
+def test_api_reference_has_an_entry_for_every_public_name(site):
+  """Each of the five modules' pages has an entry (an anchor `module.name`) for every name
+  in its `__all__`, and a table row linking to it, one name per row."""
   for module in API_MODULES:
-    page = site / "api" / ("mxjax" if module == "mxjax" else module.split(".")[1]) / "index.html"
-    headings = {html.unescape(re.sub(r"<[^>]+>", " ", h)).split()[0]  # the name, not labels
-                for h in re.findall(r"<h2[^>]*>(.*?)</h2>", page.read_text(), re.S)}
-    missing = [n for n in _all(module) if f"{module}.{n}" not in headings]
+    page = (site / "api" / f"{'mxjax' if module == 'mxjax' else module.split('.')[1]}.html")
+    text = page.read_text()
+    anchors = set(re.findall(r'<dt[^>]* id="([\w.]+)"', text))
+    missing = [n for n in _all(module) if f"{module}.{n}" not in anchors]
     assert not missing, (module, missing)
+    rows = re.findall(r'<tr class="row-(?:odd|even)"><td><p><a [^>]*href="#([\w.]+)"', text)
+    assert rows == [f"{module}.{n}" for n in _all(module)], (module, rows)
+
+
+def test_attribute_rows_name_one_field_each(site):
+  """A docstring row naming several fields (`exp_bits, man_bits: ...`) renders as one row
+  per name: `ElementFormat`'s fields are each a name of their own."""
+  text = html.unescape(re.sub(r"<[^>]+>", "", (site / "api" / "mxjax.html").read_text()))
+  for name in ("exp_bits", "man_bits", "has_inf", "has_nan"):
+    assert re.search(rf"\n{name} (\(\w+\) )?\u2013", text), name
+  assert not re.search(r"\n\w+,[\w, ]*(\([^)]*\) )?\u2013", text)  # no "a, b – ..." row
+  assert "(exp_bits,)" not in text and "(has_inf,)" not in text  # nor "b (a,) – ..."
+
+
+def test_site_browses_from_disk(site):
+  """Every link between pages names an .html file (file:// shows no directory listings),
+  each such file exists, and jax / flax names link to their docs (intersphinx, from the
+  inventories in docs/_inventories)."""
+  pages = sorted(p for p in site.rglob("*.html") if "_static" not in p.parts)
+  assert len(pages) >= 17
+  external = set()
+  for page in pages:
+    for href in re.findall(r'href="([^"]+)"', page.read_text()):
+      if href.startswith(("http://", "https://", "mailto:")):
+        external.add(href)
+        continue
+      target = href.split("#", 1)[0].split("?", 1)[0]
+      if not target:
+        continue
+      assert not target.endswith("/"), (page.name, href)
+      assert (page.parent / target).exists(), (page.name, href)
+  assert "https://docs.jax.dev/en/latest/_autosummary/jax.lax.dot_general.html#jax.lax.dot_general" in external
+  assert any(h.startswith("https://flax.readthedocs.io/") for h in external)
+
+
+def test_site_serves_from_a_local_server(site):
+  """`python -m http.server -d docs/_build/html` serves the pages and the theme's files
+  (on 127.0.0.1, a port the system picks; stopped at the end)."""
+  import functools  # noqa: PLC0415
+  import http.server  # noqa: PLC0415
+  import threading  # noqa: PLC0415
+  import urllib.request  # noqa: PLC0415
+
+  class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(
+      ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    for path in ("index.html", "api/mxjax.html", "ways-into-a-model.html"):
+      with urllib.request.urlopen(base + path, timeout=10) as response:
+        page = response.read().decode()
+      assert response.status == 200 and "mxjax" in page, path
+      for css in re.findall(r'<link[^>]+href="([^"]+\.css)[^"]*"', page):
+        target = urllib.parse.urljoin(base + path, css)
+        with urllib.request.urlopen(target, timeout=10) as response:
+          assert response.status == 200, target
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def test_runner_fails_a_block_on_a_warning_it_does_not_state(tmp_path):
+  """The runner fails a block that warns (warnings module or logging) unless a comment
+  line states the warning, fails a stated warning that does not come, and runs every
+  block in a fresh namespace (a name from an earlier block is a NameError)."""
+  blocks = {
+      "silent": "x = 1",
+      "warns": "import warnings\nwarnings.warn('something odd')",
+      "stated": "import warnings\n# expected warning: something odd\nwarnings.warn('something odd')",
+      "logs": "import logging\nlogging.getLogger('lib').warning('careful')",
+      "missing": "# expected warning: never comes\ny = 2",
+      "alone": "print(x)",
+  }
+  pages = {name: [[1, src, EXPECTED.findall(src)]] for name, src in blocks.items()}
+  (tmp_path / "pages.json").write_text(json.dumps(pages))
+  (tmp_path / "runner.py").write_text(_RUNNER)
+  subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "pages.json"),
+                  str(tmp_path / "results.json")], check=True, cwd=tmp_path, timeout=60)
+  results = json.loads((tmp_path / "results.json").read_text())
+  ran = {name: r["ran"] for name, r in results.items()}
+  assert ran == {"silent": 1, "warns": 0, "stated": 1, "logs": 0, "missing": 0, "alone": 0}
+  assert "UserWarning: something odd" in results["warns"]["errors"][0]
+  assert "logging WARNING: careful" in results["logs"]["errors"][0]
+  assert "never comes" in results["missing"]["errors"][0]
+  assert "NameError" in results["alone"]["errors"][0]

@@ -303,7 +303,7 @@ def test_bad_rules_are_clear_errors_and_enter_nothing(stock):
   # nothing stayed entered: under autocast the model is the stock one again
   want = jax.jit(model.apply)(variables, x)
   with mxjax.autocast(recipe=MX):
-    assert mxjax.context.get_layer_rules() is None
+    assert mxjax._src.context.get_layer_rules() is None
     assert bool(jnp.all(jax.jit(model.apply)(variables, x) == want))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import backend
+from mxjax._src import backend
 from mxjax.sweep import model as model_lib
 
 TINY = model_lib.ModelConfig(d_model=32, layers=1, heads=2, max_len=16)

@@ -8,26 +8,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mxjax import _ffi
+from mxjax._src import extension
 
 TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}  # CPU and CUDA
-CPU_ONLY_TARGETS = {"mxjax_fake_quantize", "mxjax_block_quantize", "mxjax_block_quantize_2x",
-                    "mxjax_block_dequantize", "mxjax_block_fake_quantize"}
+BLOCK_TARGETS = {"mxjax_block_quantize", "mxjax_block_quantize_2x", "mxjax_block_dequantize",
+                 "mxjax_block_fake_quantize", "mxjax_tensor_amax"}  # CPU and CUDA
+CPU_ONLY_TARGETS = {"mxjax_fake_quantize"}  # CUDA has it too
+CUDA_TARGETS = {"mxjax_swizzle_scales", "mxjax_mx_gemm", "mxjax_fp8_block_gemm"}  # CUDA only
 
 
 def test_extension_loads_and_registers():
   from mxjax import _mxjax_ffi
   regs = _mxjax_ffi.registrations()
-  assert set(regs) == TARGETS | CPU_ONLY_TARGETS
+  assert set(regs) == TARGETS | BLOCK_TARGETS | CPU_ONLY_TARGETS
   assert all(type(c).__name__ == "PyCapsule" for c in regs.values())
   cuda = set(_mxjax_ffi.cuda_registrations())
-  assert not cuda or TARGETS <= cuda  # empty unless built with CUDA
-  _ffi.load()
-  _ffi.load()  # registering twice is a no-op
+  assert not cuda or TARGETS | BLOCK_TARGETS | CPU_ONLY_TARGETS | CUDA_TARGETS <= cuda  # empty without CUDA
+  extension.load()
+  extension.load()  # registering twice is a no-op
 
 
 def test_build_info():
-  info = _ffi.build_info()
+  info = extension.build_info()
   assert info["cpu"] is True
   assert isinstance(info["cuda"], bool)
   assert info["simd"] in info["simd_compiled"]
@@ -41,7 +43,7 @@ def _quantize_call(x, *, format=0, scale_mode=0, block_size=32, axis=1, data_dty
   nb = -(-n // block_size) if nb is None else nb
   out = (jax.ShapeDtypeStruct(x.shape, data_dtype or jnp.float8_e4m3fn),
          jax.ShapeDtypeStruct((x.shape[0], nb), jnp.float8_e8m0fnu))
-  _ffi.load()
+  extension.load()
   return jax.jit(lambda x: jax.ffi.ffi_call("mxjax_quantize", out)(
       x, format=np.int32(format), scale_mode=np.int32(scale_mode),
       block_size=np.int64(block_size), axis=np.int64(axis)))(x)
@@ -80,7 +82,7 @@ def test_bad_input_dtype_raises():
 
 
 def test_dequantize_bad_block_size_raises():
-  _ffi.load()
+  extension.load()
   data = jnp.zeros((2, 64), jnp.float8_e4m3fn)
   scales = jnp.zeros((2, 2), jnp.float8_e8m0fnu)
   call = jax.ffi.ffi_call("mxjax_dequantize", jax.ShapeDtypeStruct((2, 64), jnp.float32))
@@ -90,7 +92,7 @@ def test_dequantize_bad_block_size_raises():
 
 
 def test_quantize_2x_needs_rank_2():
-  _ffi.load()
+  extension.load()
   x = jnp.ones((64,), jnp.float32)
   out = [jax.ShapeDtypeStruct((64,), jnp.float8_e4m3fn),
          jax.ShapeDtypeStruct((2,), jnp.float8_e8m0fnu)] * 2
@@ -107,7 +109,7 @@ def test_quantize_2x_needs_rank_2():
     (jnp.bfloat16, (2, 32), jnp.float32, 1, "out has the wrong shape"),
 ])
 def test_fake_quantize_bad_buffers_raise(x_dtype, out_shape, out_dtype, axis, message):
-  _ffi.load()
+  extension.load()
   x = jnp.ones((2, 64), x_dtype)
   call = jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(out_shape, out_dtype))
   with pytest.raises(Exception, match=message):
@@ -120,7 +122,7 @@ def test_backend_info_reports_the_cpu_path():
   import mxjax
   info = mxjax.backend_info()
   assert info["platform"] == "cpu"
-  assert info["build"] == _ffi.build_info()
+  assert info["build"] == extension.build_info()
   assert info["build"]["simd"] in info["ops"]["quantize"]
   assert "C++ FFI kernels" in info["ops"]["quantize_2x"]
   assert "fake_quantize with no backward" in info["ops"]["dot_general"]

@@ -179,14 +179,14 @@ def test_jit_retraces_when_the_rules_change(lib):
   @jax.jit
   def forward(params, x):
     traces.append(1)
-    return lib.forward(params, x, rules=mxjax.context.get_layer_rules() or ())
+    return lib.forward(params, x, rules=mxjax._src.context.get_layer_rules() or ())
 
   params = lib.params()
   with mxjax.autocast(recipe=MX):
-    with mxjax.context.layer_rules([("einsum", None)]):
+    with mxjax._src.context.layer_rules([("einsum", None)]):
       a = forward(params, X)
       forward(params, X)
-    with mxjax.context.layer_rules([("dot_general", None)]):
+    with mxjax._src.context.layer_rules([("dot_general", None)]):
       b = forward(params, X)
   assert len(traces) == 2 and not np.array_equal(np.asarray(a), np.asarray(b))
 

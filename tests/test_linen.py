@@ -14,9 +14,10 @@ import pytest
 from conftest import bits_of, mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
-from mxjax import context, linen as mxl, state as state_lib
-from mxjax.quantize import fake_quantize, quantize_2x
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+from mxjax import linen as mxl, state as state_lib
+from mxjax._src import context
+from mxjax._src.quantize import fake_quantize, quantize_2x
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP6BlockScaling, MXFP8BlockScaling)
 
 RECIPES = {

@@ -11,9 +11,10 @@ from jax.sharding import PartitionSpec as P
 from conftest import bits_of, mxarray_bits, mxarrays
 from sharding_helpers import spec_of
 
-from mxjax import context, nnx as mxnnx, state as state_lib
-from mxjax.mxarray import MXArray
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
+from mxjax import nnx as mxnnx, state as state_lib
+from mxjax._src import context
+from mxjax._src.mxarray import MXArray
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXFP4BlockScaling,
                            MXFP8BlockScaling)
 
 X = jax.random.normal(jax.random.key(0), (8, 64))

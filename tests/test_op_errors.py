@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import fp8, reference
+from mxjax import reference
+from mxjax._src import fp8
 
 X = jnp.ones((4, 64), jnp.float32)
 
@@ -65,7 +66,7 @@ def test_dequantize_errors():
   with pytest.raises(TypeError, match=r"not float64"):
     mxjax.dequantize(a, np.float64)
   with pytest.raises(ValueError, match=r"MXArray: data \(4, 32\) and scales \(4, 1\) do not "
-                                       r"fit e2m1 quantized along axis -1 \(from the end\) of "
+                                       r"fit e2m1/e8m0/1x32 quantized along axis -1 \(from the end\) of "
                                        r"length 64 in blocks of 32"):
     dataclasses.replace(a, scales=a.scales[:, :1])
   with pytest.raises(ValueError, match=r"data \(4, 16\) and scales \(4, 2\) do not fit"):

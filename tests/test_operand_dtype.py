@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 import mxjax
-from mxjax import _operand_dtype
+from mxjax._src import operand_dtype
 from test_dot import assert_f32_close, oracle_fake
 
 FLAGS_LINE = "flags\t\t: fpu sse2 avx2 fma {extra}\n"
@@ -17,10 +17,10 @@ FLAGS_LINE = "flags\t\t: fpu sse2 avx2 fma {extra}\n"
 @pytest.fixture
 def fresh_choice(monkeypatch):
   """Clears the cached choice before and after the test (it is read at trace time)."""
-  _operand_dtype.cpu_operand_dtype.cache_clear()
+  operand_dtype.cpu_operand_dtype.cache_clear()
   monkeypatch.delenv("MXJAX_CPU_OPERAND_DTYPE", raising=False)
   yield monkeypatch
-  _operand_dtype.cpu_operand_dtype.cache_clear()
+  operand_dtype.cpu_operand_dtype.cache_clear()
   jax.clear_caches()
 
 
@@ -29,20 +29,20 @@ def fresh_choice(monkeypatch):
 def test_choice_follows_the_cpu_flags(tmp_path, fresh_choice, extra, expected):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\n" + FLAGS_LINE.format(extra=extra))
-  flags = _operand_dtype.cpu_flags(str(cpuinfo))
+  flags = operand_dtype.cpu_flags(str(cpuinfo))
   assert "avx2" in flags and "processor" not in flags
-  fresh_choice.setattr(_operand_dtype, "cpu_flags", lambda: flags)
-  assert _operand_dtype.cpu_operand_dtype() == expected
+  fresh_choice.setattr(operand_dtype, "cpu_flags", lambda: flags)
+  assert operand_dtype.cpu_operand_dtype() == expected
 
 
 def test_no_cpuinfo_means_no_flags(tmp_path):
-  assert _operand_dtype.cpu_flags(str(tmp_path / "missing")) == frozenset()
+  assert operand_dtype.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
 def test_bad_override_is_named(fresh_choice):
   fresh_choice.setenv("MXJAX_CPU_OPERAND_DTYPE", "float16")
   with pytest.raises(ValueError, match="MXJAX_CPU_OPERAND_DTYPE.*float16"):
-    _operand_dtype.cpu_operand_dtype()
+    operand_dtype.cpu_operand_dtype()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -1,6 +1,6 @@
 """Every path gives the same bits: the plain-XLA path against the FFI kernels (separate
 processes, MXJAX_KERNELS=xla / auto). The CPU kernel level: MXJAX_SIMD caps it per process,
-mxjax._ffi.set_simd switches it in process (test_quantize_exact.py runs at every level)."""
+mxjax._src.extension.set_simd switches it in process (test_quantize_exact.py runs at every level)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 import mxjax
 from conftest import child_env
-from mxjax import _ffi, backend
+from mxjax._src import extension, backend
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SIMD_LEVELS = backend.SIMD_LEVELS
@@ -65,10 +65,10 @@ def test_xla_path_equals_ffi_kernels_in_separate_processes(tmp_path):
 def test_simd_cap_picks_the_level_of_a_process():
   """MXJAX_SIMD caps the levels a process runs, from its start. (test_quantize_exact.py runs
   its whole suite at every level this process runs, switched in process.)"""
-  levels = _ffi.runnable_simd()
+  levels = extension.runnable_simd()
   assert levels[0] == "scalar" and set(levels) <= set(SIMD_LEVELS)
-  assert _ffi.build_info()["simd"] == levels[-1]  # the widest, uncapped
-  code = "from mxjax import _ffi; print(_ffi.build_info()['simd'], *_ffi.runnable_simd())"
+  assert extension.build_info()["simd"] == levels[-1]  # the widest, uncapped
+  code = "from mxjax._src import extension; print(extension.build_info()['simd'], *extension.runnable_simd())"
   procs = _run_together([(["-c", code], {"MXJAX_SIMD": level}) for level in levels], 300)
   for i, (level, proc) in enumerate(zip(levels, procs)):
     assert proc.stdout.split() == [level, *levels[:i + 1]], (level, proc.stdout)
@@ -76,23 +76,23 @@ def test_simd_cap_picks_the_level_of_a_process():
 
 @needs_cpu_kernels
 def test_set_simd_switches_the_level_in_process():
-  before = _ffi.build_info()["simd"]
+  before = extension.build_info()["simd"]
   x = jnp.linspace(-3, 3, 64 * 96, dtype=jnp.float32).reshape(64, 96).astype(jnp.bfloat16)
   want = [np.asarray(t) for t in jax.tree.leaves(mxjax.quantize_2x(x, "e3m2"))]
   try:
-    for level in _ffi.runnable_simd():
-      _ffi.set_simd(level)
-      assert _ffi.build_info()["simd"] == level
+    for level in extension.runnable_simd():
+      extension.set_simd(level)
+      assert extension.build_info()["simd"] == level
       assert level in mxjax.backend_info()["ops"]["quantize"]
       got = jax.tree.leaves(mxjax.quantize_2x(x, "e3m2"))
       assert len(got) == len(want) == 4
       for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), w)
     with pytest.raises(ValueError, match=r"'avx-512' is not one this build and CPU run"):
-      _ffi.set_simd("avx-512")
+      extension.set_simd("avx-512")
   finally:
-    _ffi.set_simd(before)
-  proc = subprocess.run([sys.executable, "-c", "from mxjax import _ffi; _ffi.set_simd('avx2')"],
+    extension.set_simd(before)
+  proc = subprocess.run([sys.executable, "-c", "from mxjax._src import extension; extension.set_simd('avx2')"],
                         cwd=TESTS, capture_output=True, text=True, timeout=120,
                         env=child_env(MXJAX_SIMD="scalar"))
   assert proc.returncode != 0 and "'avx2' is not one" in proc.stderr
@@ -158,7 +158,7 @@ def test_exported_train_step_on_mxjax_pytrees_serializes(restore_kernels):
   RecipeState, quantized kernels as MXArrays) survives Exported.serialize / deserialize:
   the same bits as jit, the same output structure."""
   from mxjax import linen as mxl
-  from mxjax.recipes import DelayedScaling, MXFP8BlockScaling
+  from mxjax._src.recipes import DelayedScaling, MXFP8BlockScaling
   backend.set_kernels("xla")
   x = jax.random.normal(jax.random.key(0), (4, 64))
   recipe = DelayedScaling(amax_history_len=4)
@@ -207,10 +207,21 @@ def test_ffi_setting_without_kernels_names_the_platform(restore_kernels, monkeyp
   assert "no FFI kernels for 'cpu'" in mxjax.backend_info()["ops"]["quantize"]
 
 
-def test_auto_keeps_unverified_cuda_kernels_off(monkeypatch):
-  """A CUDA build's kernels are used by auto only once verified on a GPU."""
+def test_auto_uses_the_verified_cuda_kernels_on_capable_gpus(monkeypatch):
+  """auto uses a CUDA build's kernels on GPUs of compute capability 9.0 and up, and of
+  those only the targets verified on a GPU (CUDA_VERIFIED); "ffi" uses every one."""
   monkeypatch.setattr(backend, "built_platforms", lambda: ("cpu", "cuda"))
   monkeypatch.setattr(backend, "get_kernels", lambda: "auto")
+  cuda_targets = frozenset({"mxjax_quantize", "mxjax_fake_quantize"})
+  monkeypatch.setattr(extension, "targets",
+                      lambda p: cuda_targets if p == "cuda" else frozenset({"mxjax_quantize"}))
+  monkeypatch.setattr(backend, "_capable_gpus", lambda: False)  # e.g. an sm_80 GPU
   assert backend.ffi_platforms() == ("cpu",)
-  monkeypatch.setattr(backend, "CUDA_KERNELS_VERIFIED", True)
+  assert not backend.uses_kernel("cuda", "mxjax_quantize")
+  monkeypatch.setattr(backend, "_capable_gpus", lambda: True)
+  monkeypatch.setattr(backend, "CUDA_VERIFIED", {"mxjax_quantize": "an H100"})
   assert backend.ffi_platforms() == ("cpu", "cuda")
+  assert backend.uses_kernel("cuda", "mxjax_quantize")
+  assert not backend.uses_kernel("cuda", "mxjax_fake_quantize")  # built, not verified
+  monkeypatch.setattr(backend, "get_kernels", lambda: "ffi")
+  assert backend.uses_kernel("cuda", "mxjax_fake_quantize")

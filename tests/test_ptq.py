@@ -144,7 +144,7 @@ def test_errors_name_the_path():
     mxjax.quantize_params(mx4, MX8)
   assert mxjax.quantize_params(mx4, MX4)["params"]["dense"]["kernel"] is (
       mx4["params"]["dense"]["kernel"])
-  with pytest.raises(ValueError, match="needs an MX recipe"):
+  with pytest.raises(ValueError, match="needs a block-scaled recipe"):
     mxjax.quantize_params(ok, mxjax.Float8CurrentScaling())
   with pytest.raises(TypeError, match="pass nnx.state"):
     mxjax.quantize_params(NnxNet(nnx.Rngs(0)))

@@ -20,9 +20,10 @@ from hypothesis import given, strategies as st
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, assert_same_floats,
                       bits_of, every_code_under_every_scale, exhaustive_rows, f32_patterns,
                       float_arrays, shapes_and_axes, special_blocks, wide_mixed_blocks)
-from mxjax import formats, reference
-from mxjax.mxarray import MXArray
-from mxjax.quantize import dequantize, quantize, quantize_2x
+from mxjax import reference
+from mxjax._src import formats
+from mxjax._src.mxarray import MXArray
+from mxjax._src.quantize import dequantize, quantize, quantize_2x
 
 pytestmark = pytest.mark.usefixtures("simd_level")
 
@@ -100,7 +101,7 @@ def test_random_shapes_and_axes(shape_axis, fmt, mode, dtype, data):
   a = quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=mode)
   want = reference.quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=mode)
   assert_same_quantized(a, *want, axis=axis % x.ndim)
-  assert a.shape == shape and a.dtype == x.dtype and a.format == fmt
+  assert a.shape == shape and a.dtype == x.dtype and a.format == formats.mx(fmt, block_size, mode)
   out_dtype = data.draw(st.sampled_from(DTYPES))
   assert_same_floats(a.dequantize(out_dtype),
                      reference.dequantize(*want, fmt, axis=axis, block_size=block_size,

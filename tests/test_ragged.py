@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import mxjax
-from mxjax import ragged, reference
+from mxjax import reference
+from mxjax._src import ragged
 
 M, K, N = 150, 64, 48
 SIZES = np.array([37, 0, 70, 20], np.int32)  # 127 rows in groups, 23 past the last one

@@ -180,3 +180,82 @@ def test_multisteps_records_each_micro_batch_as_a_step():
   np.testing.assert_array_equal(histories[1], [amax[1], amax[0], 0, 0])
   assert jax.tree.all(jax.tree.map(jnp.array_equal, params[0], start))  # accumulating
   assert not jnp.array_equal(params[1]["kernel"], start["kernel"])  # the k-th: one update
+
+
+class _ThreeLayers(nn.Module):
+  """The README's rules example: three stock layers, three precisions."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.relu(nn.Dense(256, name="embed")(x))
+    h = nn.relu(nn.Dense(256, name="mlp")(h))
+    return nn.Dense(10, name="lm_head")(h)
+
+
+def test_readme_rules_example_splits_its_layers_three_ways():
+  """README: the autocast recipe for `embed` (no rule), MXFP4 for `mlp` (its rule), high
+  precision for `lm_head` (a None rule); no warning (every rule matches a path)."""
+  import warnings  # noqa: PLC0415
+  x = jax.random.normal(jax.random.key(0), (64, 128), jnp.bfloat16)
+  model = _ThreeLayers()
+  variables = model.init(jax.random.key(1), x)
+  rules = [(r"lm_head", None), (r"mlp", mxjax.MXFP4BlockScaling())]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with mxjax.autocast(recipe=MXFP8), mxjax.linen.intercept(rules):
+      report = mxjax.coverage(model.apply, variables, x)
+  by_path = {p.path: p for p in report.products}
+  assert list(by_path) == ["embed", "mlp", "lm_head"]
+  assert by_path["embed"].recipe.startswith("MXFP8BlockScaling")
+  assert by_path["mlp"].recipe.startswith("MXFP4BlockScaling")
+  assert not by_path["lm_head"].mx and "lm_head" in by_path["lm_head"].reason
+  assert report.table().splitlines()[0] == f"under autocast({report.autocast})"
+  assert report.autocast.startswith("MXFP8BlockScaling(")
+
+
+def test_coverage_outside_an_autocast_says_so():
+  """The README's `print(mxjax.coverage(...))` outside the `with`: the table's first line
+  says no autocast is active, each product's reason is "no recipe", and it warns; inside
+  an autocast the same call names the recipe and does not warn."""
+  import warnings  # noqa: PLC0415
+  x = jax.random.normal(jax.random.key(0), (64, 128), jnp.bfloat16)
+  model = _ThreeLayers()
+  variables = model.init(jax.random.key(1), x)
+  with mxjax.linen.intercept():
+    with pytest.warns(UserWarning, match="outside an enabled mxjax.autocast"):
+      report = mxjax.coverage(model.apply, variables, x)
+  assert report.autocast is None and report.mx_share == 0.0
+  assert report.table().startswith("NO ACTIVE AUTOCAST")
+  assert all("no enabled mxjax.autocast" in p.reason for p in report.products)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with mxjax.autocast(recipe=MXFP8), mxjax.linen.intercept():
+      inside = mxjax.coverage(model.apply, variables, x)
+    # the ops themselves pick their recipe: all MX, nothing to warn about
+    direct = mxjax.coverage(lambda a, b: mxjax.dot_general(a, b, DIMS), x,
+                            jnp.ones((128, 32), jnp.bfloat16))
+  assert inside.mx_share == 1.0 and "NO ACTIVE AUTOCAST" not in inside.table()
+  assert direct.mx_share == 1.0 and direct.autocast is None
+
+
+def test_ci_runs_the_readme_commands():
+  """`.ci/run` runs the README's build-tools line and its test command, character for
+  character; the build tools include every build requirement of pyproject.toml (a build
+  without isolation needs them installed), and both installs build without isolation, in
+  the stable build folder (so the second one recompiles nothing)."""
+  import os  # noqa: PLC0415
+  import re  # noqa: PLC0415
+  tomllib = pytest.importorskip("tomllib")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  block = re.search(r"## Install.*?```sh\n(.*?)```", readme, re.S).group(1)
+  tools, demo, test = [line for line in block.splitlines() if line and not line.startswith("#")]
+  ci = open(os.path.join(root, ".ci", "run"), encoding="utf-8").read().splitlines()
+  assert f"{tools} || exit 1" in ci and test in ci
+  assert test == 'pip install --no-build-isolation ".[test,docs]" && pytest'
+  assert demo == "pip install --no-build-isolation . && mxjax-sweep"
+  with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    pyproject = tomllib.load(f)
+  for requirement in pyproject["build-system"]["requires"]:
+    assert f'"{requirement}"' in tools, requirement
+  assert pyproject["tool"]["scikit-build"]["build-dir"] == "build/{wheel_tag}"

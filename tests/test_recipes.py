@@ -11,12 +11,13 @@ import pytest
 from flax import nnx as fnnx
 
 import mxjax
-from mxjax import context, memory, reference, state as state_lib
+from mxjax import reference, state as state_lib
+from mxjax._src import context, memory
 from mxjax import linen as mxl
 from mxjax import nnx as mxnnx
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
+from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
                            MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe,
-                           recipe_for_quantized_weight)
+                           recipe_for_weight)
 
 ALL = [MXFP8BlockScaling(), MXFP8BlockScaling(fp8_format=Format.HYBRID), MXFP6BlockScaling(),
        MXFP6BlockScaling(fp6_format=Format.E3M2), MXFP4BlockScaling(), DelayedScaling(),
@@ -110,13 +111,16 @@ def test_str():
   assert str(MXFP4BlockScaling()).startswith("recipe_type=MXFP4BlockScaling")
 
 
-def test_recipe_for_quantized_weight():
-  assert recipe_for_quantized_weight("e4m3", 32, "rceil") == MXFP8BlockScaling()
-  assert recipe_for_quantized_weight("e3m2", 16, "floor") == MXFP6BlockScaling(
+def test_recipe_for_weight():
+  assert recipe_for_weight(mxjax.mx("e4m3", 32, "rceil")) == MXFP8BlockScaling()
+  assert recipe_for_weight(mxjax.mx("e3m2", 16, "floor")) == MXFP6BlockScaling(
       fp6_format=Format.E3M2, block_size=16, scale_mode="floor")
-  assert recipe_for_quantized_weight("e2m1", 64, "rceil").mxfp4()
-  assert recipe_for_quantized_weight("e5m2", 32, "floor") == MXBlockScaling(
+  assert recipe_for_weight(mxjax.mx("e2m1", 64, "rceil")).mxfp4()
+  assert recipe_for_weight(mxjax.mx("e5m2", 32, "floor")) == MXBlockScaling(
       "e5m2", "e5m2", scale_mode="floor")
+  for recipe in (mxjax.NVFP4BlockScaling(), mxjax.Float8BlockScaling(),
+                 mxjax.MXFP8BlockScaling(enable_2d_quantization=True)):
+    assert recipe_for_weight(recipe.roles().w).roles().w == recipe.roles().w
 
 
 # --- MXBlockScaling: any pair of element formats, wherever the other MX recipes work ---

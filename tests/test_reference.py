@@ -19,7 +19,8 @@ from hypothesis import given, strategies as st
 from conftest import (DTYPE_IDS, DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,
                       all_f16_patterns, assert_same_floats, bits_of, f32_patterns, float_arrays,
                       shapes_and_axes, special_blocks)
-from mxjax import formats, reference
+from mxjax import reference
+from mxjax._src import formats
 
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
       "e3m2": ml_dtypes.float6_e3m2fn, "e2m3": ml_dtypes.float6_e2m3fn,

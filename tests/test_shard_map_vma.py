@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import mxjax
-from mxjax import fp8, sharding, state as state_lib
+from mxjax import state as state_lib
+from mxjax._src import fp8, sharding
 from sharding_helpers import assert_grads_close
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -148,7 +149,7 @@ def test_replicated_mxarray_weight(kind):
                          ids=lambda r: type(r).__name__)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_replicated_weight_grad(kind, recipe):
-  """Per-tensor FP8 (mxjax.fp8.dot_general): dw summed over 'data'. Its backward sums
+  """Per-tensor FP8 (mxjax._src.fp8.dot_general): dw summed over 'data'. Its backward sums
   before its scaling, check_vma=False's after: equal up to f32 rounding."""
   mesh = make_mesh(kind)
   tensors = state_lib.init(recipe).tensors if recipe.delayed() else None

@@ -172,7 +172,7 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
 def test_need_replication_factors_follow_shardys_numbering():
   # Shardy numbers factors by first appearance and needs special factors sorted by it.
   rule = "d0 n0 (k1 b1) -> d0 s0 (k1 b1), d0 c0 (k1 b1), d0 n0 (k1 p1), d0 n0 k1"
-  assert mxjax.sharding.in_rule_order(["p1", "s0", "b1", "n0", "c0"], rule) == (
+  assert mxjax._src.sharding.in_rule_order(["p1", "s0", "b1", "n0", "c0"], rule) == (
       "n0", "b1", "s0", "c0", "p1")
 
 
@@ -181,12 +181,12 @@ def test_need_replication_factors_follow_shardys_numbering():
                          ids=str)
 def test_spec_over_mesh_decodes_any_mesh_sharding(spec):
   mesh = make_mesh("auto")
-  decoded = mxjax.sharding.spec_over_mesh(NamedSharding(mesh, spec), mesh, 3)
+  decoded = mxjax._src.sharding.spec_over_mesh(NamedSharding(mesh, spec), mesh, 3)
   assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
   # The partitioner's own form (an HloSharding-backed jax.sharding.Sharding) decodes too.
   x = put(jnp.zeros((8, 8, 8)), mesh, spec)
   compiled = jax.jit(lambda x: x * 2).lower(x).compile()
-  decoded = mxjax.sharding.spec_over_mesh(compiled.input_shardings[0][0], mesh, 3)
+  decoded = mxjax._src.sharding.spec_over_mesh(compiled.input_shardings[0][0], mesh, 3)
   assert NamedSharding(mesh, P(*decoded)).is_equivalent_to(NamedSharding(mesh, spec), 3)
 
 
@@ -204,14 +204,14 @@ UNSHARED_CONTRACTIONS = [
 @pytest.mark.parametrize("case,want", UNSHARED_CONTRACTIONS, ids=str)
 def test_unshared_contraction_moves_k_off_the_axis_the_other_operand_uses(case, want):
   (rhs, lhs, k), mesh = case, make_mesh("explicit")
-  got = mxjax.sharding.unshared_contraction(rhs, lhs, 0, 1, k, 32, mesh)
+  got = mxjax._src.sharding.unshared_contraction(rhs, lhs, 0, 1, k, 32, mesh)
   assert got == (None if want is None else tuple(want))
   if got is None:
     return
   # K now shares no axis with the lhs's M (each device holds the lhs's K slice it
   # multiplies), and its shards hold whole blocks.
   assert got[0] is None or got[0] != lhs[0]
-  assert k // mxjax.sharding.shard_count(mesh, got[0]) % 32 == 0
+  assert k // mxjax._src.sharding.shard_count(mesh, got[0]) % 32 == 0
 
 
 @pytest.mark.parametrize("sizes,spec", [
@@ -222,7 +222,7 @@ def test_unshared_contraction_moves_k_off_the_axis_the_other_operand_uses(case, 
 ])
 def test_merge_then_split_dims_is_the_reshape_jax_does(sizes, spec):
   mesh = make_mesh("explicit")
-  kept, merged = mxjax.sharding.merge_dims(spec[:2], sizes[:2], mesh)
+  kept, merged = mxjax._src.sharding.merge_dims(spec[:2], sizes[:2], mesh)
   x = np.arange(np.prod(sizes), dtype=np.float32).reshape(sizes)
   with jax.set_mesh(mesh):
     xs = put(x, mesh, P(*kept, spec[2]))
@@ -234,7 +234,7 @@ def test_merge_then_split_dims_is_the_reshape_jax_does(sizes, spec):
   np.testing.assert_array_equal(flat, x.reshape(-1, sizes[2]))
   if spec == ("data", "model", None) and sizes[0] == 8:
     assert kept == ["data", None] and merged == "data"
-  assert mxjax.sharding.split_dim(merged, sizes[:2], mesh) == list(kept)
+  assert mxjax._src.sharding.split_dim(merged, sizes[:2], mesh) == list(kept)
 
 
 def test_einsum_and_dense_general_on_an_explicit_mesh():

@@ -16,9 +16,9 @@ from jax.extend import core as jax_core
 
 from mxjax import linen as mxl
 from mxjax import rules as rules_lib
-from mxjax.context import autocast
-from mxjax.quantize import fake_quantize
-from mxjax.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
+from mxjax._src.context import autocast
+from mxjax._src.quantize import fake_quantize
+from mxjax._src.recipes import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
 from mxjax.sweep import __main__ as cli
 from mxjax.sweep import baselines, checkpoint, formats, report, train
 from mxjax.sweep import model as model_lib
@@ -333,6 +333,58 @@ def test_plot_shades_the_seed_spread():
   np.testing.assert_allclose(two.curve, [3.25, 2.25, 1.25])
 
 
+def test_delta_panel_promises_error_bars_only_with_seeds():
+  """One seed: the Δ bars carry no whiskers, no seed dots and no "2 SE" in the title;
+  several: ±2 SE whiskers, one dot per seed, and * on a row beyond 2 SE. Each bar's
+  label sits past the bar's end, not on it."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.container import ErrorbarContainer
+
+  for seeds in (1, 3):
+    base = _row("bf16", "-", [2.0, 2.1, 2.2][:seeds])
+    near = _row("near", "fwd+bwd", [2.002, 2.1021, 2.2019][:seeds])
+    far = _row("far", "fwd+bwd", [2.2, 2.31, 2.42][:seeds])
+    report.add_deltas([base, near, far], base)
+    fig, ax = plt.subplots()
+    report._deltas(ax, [near, far])
+    title = ax.get_title()
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    dots = [line for line in ax.lines if line.get_marker() == "o"]
+    labels = {t.get_text(): t.xy[0] for t in ax.texts}
+    plt.close(fig)
+    if seeds == 1:
+      assert "SE" not in title and not bars and not dots
+      assert labels == {"+0.10%": pytest.approx(0.1), "+10.00%": pytest.approx(10.0)}
+    else:
+      assert "±2 SE" in title and len(bars) == 1 and len(dots) == 2
+      assert all(len(d.get_xdata()) == 3 for d in dots)
+      assert "+10.00% *" in labels and labels["+10.00% *"] >= 10.0
+
+
+def test_difference_panel_pairs_each_seed_with_bf16():
+  """The middle panel plots each format's smoothed loss minus bf16's of the same seed, in
+  percent: a row 1% above bf16 at every step is a flat line at +1."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  def curved(name, quantized, curves):
+    row = report.Row(name, quantized, 1.0)
+    row.runs = [report.Run(i, c[-1], 1.0, c[-1], list(c)) for i, c in enumerate(curves)]
+    return row
+
+  base = curved("bf16", "-", [np.linspace(3, 2, 20), np.linspace(4, 2.5, 20)])
+  plus = curved("plus", "fwd+bwd", [c * 1.01 for c in (np.linspace(3, 2, 20),
+                                                      np.linspace(4, 2.5, 20))])
+  fig, ax = plt.subplots()
+  report._differences(ax, [base, plus], {"plus": "C1"})
+  (line,) = [line for line in ax.lines if line.get_label() == "plus"]
+  np.testing.assert_allclose(line.get_ydata(), 1.0, rtol=1e-9)
+  plt.close(fig)
+
+
 SMOKE = ["--steps", "3", "--d-model", "32", "--heads", "2", "--layers", "1", "--seq-len", "32",
          "--batch-size", "4", "--eval-batches", "2", "--max-samples", "16", "--no-progress"]
 SMOKE_FORMATS = ["--formats", "bf16,fp4_e2m1,fp8_delayed,int8", "--seeds", "2"]
@@ -394,6 +446,10 @@ def test_cli_ptq_reuses_the_checkpoint(smoke_run, capsys):
     assert run["val_loss"] == pytest.approx(trained["val_loss"], rel=1e-6)
   assert all(math.isfinite(run["val_loss"]) for r in rows for run in r["runs"])
   assert os.path.isfile(out / "loss_curves.png")
+  closing = captured.out.strip().splitlines()[-1]  # every output, by its path
+  for name in ("results.md", "results.json", "loss_curves.png", "bf16_checkpoint/seed_0",
+               "bf16_checkpoint/seed_1"):
+    assert os.path.join(str(out), name) in closing, name
 
 
 def test_cli_tier_keeps_the_ends_in_bf16(smoke_run, tmp_path):

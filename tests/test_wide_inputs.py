@@ -20,8 +20,9 @@ import pytest
 
 import jax.numpy as jnp
 from conftest import FORMAT_NAMES, SCALE_MODES, assert_same_floats, wide_mixed_blocks
-from mxjax import formats, reference
-from mxjax.quantize import fake_quantize, quantize, quantize_2x
+from mxjax import reference
+from mxjax._src import formats
+from mxjax._src.quantize import fake_quantize, quantize, quantize_2x
 from test_quantize_exact import assert_same_quantized
 
 pytestmark = pytest.mark.usefixtures("simd_level")

@@ -1,4 +1,4 @@
-"""The plain-XLA path (mxjax.xla_codec) equals the oracle bit for bit, in this process; and
+"""The plain-XLA codec (mxjax._src.codec) equals the oracle bit for bit, in this process; and
 through the public ops under MXJAX_KERNELS=xla it shards as the FFI path does."""
 
 import re
@@ -15,7 +15,8 @@ import mxjax
 from conftest import (DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns, all_f16_patterns,
                       bits_of, every_code_under_every_scale, f32_patterns, float_arrays,
                       shapes_and_axes, special_blocks)
-from mxjax import backend, formats, reference, xla_codec
+from mxjax import reference
+from mxjax._src import backend, codec, float_bits, formats
 
 
 def u8(a):
@@ -23,14 +24,14 @@ def u8(a):
 
 
 def codec_quantize(x, fmt, axis, block_size, mode):
-  f, m = formats.element_format(fmt), formats.scale_mode(mode)
-  return jax.jit(lambda v: xla_codec.quantize(v, f, block_size, m, axis % v.ndim))(x)
+  f = formats.mx(fmt, block_size, mode)
+  return jax.jit(lambda v: codec.quantize(v, f, axis % v.ndim)[:2])(x)
 
 
 def codec_dequantize(data, scales, fmt, axis, block_size, length, dtype):
-  f = formats.element_format(fmt)
-  return jax.jit(lambda d, s: xla_codec.dequantize(d, s, f, block_size, axis % d.ndim, length,
-                                                   dtype))(data, scales)
+  f = formats.mx(fmt, block_size)
+  return jax.jit(lambda d, s: codec.dequantize(d, s, None, f, axis % d.ndim, length,
+                                               dtype))(data, scales)
 
 
 def assert_equals_oracle(x, fmt, axis, block_size, mode, dtypes=DTYPES):
@@ -49,13 +50,13 @@ def assert_equals_oracle(x, fmt, axis, block_size, mode, dtypes=DTYPES):
 def test_widening_and_narrowing_equal_the_oracle():
   for x in (all_bf16_patterns(), all_f16_patterns(), f32_patterns(256)):
     x = jnp.asarray(x)
-    np.testing.assert_array_equal(xla_codec.f32_bits(x), reference.to_f32_bits(x))
+    np.testing.assert_array_equal(float_bits.f32_bits(x), reference.to_f32_bits(x))
   bits = jnp.asarray(np.random.default_rng(0).integers(0, 1 << 32, 1 << 16, np.uint64)
                      .astype(np.uint32))
   bits = jnp.concatenate([bits, reference.to_f32_bits(jnp.asarray(all_bf16_patterns()))
                           .ravel() + 0x8000])  # halfway cases
   for dtype in DTYPES:
-    np.testing.assert_array_equal(bits_of(xla_codec.from_f32_bits(bits, dtype)),
+    np.testing.assert_array_equal(bits_of(float_bits.from_f32_bits(bits, dtype)),
                                   bits_of(reference.from_f32_bits(bits, dtype)))
 
 

@@ -66,13 +66,25 @@ constexpr int kVecBytes = 16;
 template <class M>
 using Vec __attribute__((vector_size(kVecBytes))) = M;
 
-template <class V, size_t... I>
-V evens(V a, V b, std::index_sequence<I...>) {
-  return __builtin_shufflevector(a, b, (2 * I)...);
+// Lanes kFirst, kFirst + 2, ... of the concatenation a:b (as many as a has). nvcc's front
+// end (ffi/cuda/tests/block_host_check.cu includes these kernels) rejects a pack expansion
+// in __builtin_shufflevector: there, lane by lane.
+template <size_t kFirst, class V, size_t... I>
+V every_other(V a, V b, std::index_sequence<I...>) {
+#ifdef __CUDACC__
+  constexpr size_t n = sizeof...(I);
+  return V{(kFirst + 2 * I < n ? a[kFirst + 2 * I] : b[kFirst + 2 * I - n])...};
+#else
+  return __builtin_shufflevector(a, b, (kFirst + 2 * I)...);
+#endif
 }
-template <class V, size_t... I>
-V odds(V a, V b, std::index_sequence<I...>) {
-  return __builtin_shufflevector(a, b, (2 * I + 1)...);
+template <class V, class Idx>
+V evens(V a, V b, Idx idx) {
+  return every_other<0>(a, b, idx);
+}
+template <class V, class Idx>
+V odds(V a, V b, Idx idx) {
+  return every_other<1>(a, b, idx);
 }
 
 // One level of unit_tile_amax's tree over v[0, kN): v[j] = max of the deinterleaved pair

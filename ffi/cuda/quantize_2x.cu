@@ -1,11 +1,17 @@
 // XLA FFI handler (platform "CUDA"): mxjax_quantize_2x. x [batch, M, K] (bf16 / f16 / f32)
 // -> row_data [batch, M, storage(K)], row_scales [batch, M, ceil(K/B)] (along K) and
 // col_data [batch, storage(M), K], col_scales [batch, ceil(M/B), K] (along M), both from x,
-// reading x once: each thread block stages a 64 x 64 tile (f32 bits) in shared memory and
-// quantizes its row blocks and its column blocks from there.
+// reading x once.
+//
+// Register tiles (K % B == 0, aligned buffers): a thread keeps B rows x V columns of x; its
+// V column blocks are whole (as in quantize.cu's columns), and the B / V threads that hold
+// the rest of each row block reduce its amax with shuffles, then each encodes and stores its
+// own V codes of every row. Otherwise (K % B != 0): 64 x 64 tiles staged in shared memory.
+#ifndef MXJAX_CUDA_KERNELS_ONLY  // tests/bench_kernels.cu: the kernels only
 #include "cpu/checks.h"
-#include "cuda/device.cuh"
 #include "cuda/handlers.h"
+#endif
+#include "cuda/device.cuh"
 
 namespace mxjax::cuda {
 namespace {
@@ -99,7 +105,7 @@ MXJAX_HD void run_task(const Problem2x& p, TileOrigin o, int t, const uint32_t* 
 // (row tasks fill whole warps, so warps never mix the two kinds).
 template <class F, class In>
 __global__ void __launch_bounds__(kThreads)
-quantize_2x_kernel(const typename In::T* __restrict__ x, Problem2x p) {
+quantize_2x_smem_kernel(const typename In::T* __restrict__ x, Problem2x p) {
   __shared__ uint32_t tile[kTile * kLd];
   const int tasks = kTile * (kTile / p.block);
   for (int64_t id = blockIdx.x; id < tile_count(p); id += gridDim.x) {
@@ -113,6 +119,130 @@ quantize_2x_kernel(const typename In::T* __restrict__ x, Problem2x p) {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Register tiles. Tile t = (batch b, block row jm along M, column group g of V along K);
+// the L = B / V tiles of one row block are L consecutive threads of one warp.
+
+template <class F, class In, int B, int V>
+struct Plan2x {
+  static constexpr int L = B / V;
+  static constexpr int kInWords = raw_words<In, V>();
+  static constexpr int kRowBytes = V * F::bits / 8;  // one row's codes of one tile
+  static constexpr int kRowWords = (V * F::bits + 31) / 32;
+  static constexpr int kRowAlign = align_of(kRowBytes) < align_of(B * F::bits / 8)
+                                       ? align_of(kRowBytes) : align_of(B * F::bits / 8);
+  static constexpr bool ok = V >= 2 && V % 2 == 0 && V * F::bits % 8 == 0 && L >= 1 && L <= 32 &&
+                            B % V == 0;
+};
+
+// A thread's registers: the tile and the amax of each row's V elements (then of the row
+// block, once reduced).
+template <class F, class In, int B, int V>
+struct Tile2x {
+  uint32_t w[B][Plan2x<F, In, B, V>::kInWords];
+  uint32_t row_amax[B];
+};
+
+// Loads tile t (zeros past M, or past the last tile) and its rows' partial amax.
+template <class F, class In, int B, int V>
+MXJAX_HD void tile2x_load(const typename In::T* x, const Problem2x& p, int64_t t, int64_t tiles,
+                          Tile2x<F, In, B, V>& r) {
+  using P = Plan2x<F, In, B, V>;
+  const int64_t groups = p.k / V, nbm = cdiv(p.m, B);
+  const int64_t bj = div_fast(t, groups), g = t - bj * groups;
+  const int64_t b = div_fast(bj, nbm), jm = bj - b * nbm;
+  const int valid = t < tiles ? int(min64(B, p.m - jm * B)) : 0;
+  const typename In::T* row0 = x + (b * p.m + jm * B) * p.k + g * V;
+#pragma unroll
+  for (int i = 0; i < B; ++i) {
+    uint32_t acc = 0;
+    if (i < valid) {
+      load_raw<In, V>(row0 + i * p.k, r.w[i]);
+#pragma unroll
+      for (int k = 0; k < P::kInWords; ++k) acc = raw_abs_max<In>(acc, r.w[i][k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < P::kInWords; ++k) r.w[i][k] = 0;
+    }
+    r.row_amax[i] = raw_amax_f32<In>(acc);
+  }
+}
+
+// Encodes and stores tile t given its rows' block amax: its V codes of each row (and, in
+// the row block's first thread, the row scales), then its V column blocks.
+template <class F, class In, int B, int V, Enc E>
+MXJAX_HD void tile2x_store(const Problem2x& p, int64_t t, const Tile2x<F, In, B, V>& r) {
+  using P = Plan2x<F, In, B, V>;
+  const int64_t groups = p.k / V, nbm = cdiv(p.m, B);
+  const int64_t bj = div_fast(t, groups), g = t - bj * groups;
+  const int64_t b = div_fast(bj, nbm), jm = bj - b * nbm;
+  const int valid = int(min64(B, p.m - jm * B));
+  const int64_t row_storage = p.k * F::bits / 8, nbk = p.k / B;
+  for (int i = 0; i < valid; ++i) {
+    const int64_t gm = b * p.m + jm * B + i;
+    const BlockScale s = block_scale<F>(r.row_amax[i], p.mode);
+    uint32_t out[P::kRowWords];
+    encode_run<F, In, E, V>(r.w[i], s, out);
+    store_raw<P::kRowBytes, P::kRowAlign>(p.row_data + gm * row_storage + g * P::kRowBytes, out);
+    if (g % P::L == 0) p.row_scales[gm * nbk + g / P::L] = uint8_t(s.byte);
+  }
+  const int64_t col_storage = cdiv(p.m, F::group_codes) * F::group_bytes;
+  store_col_blocks<F, In, B, V, E>(r.w, valid, p.mode, p.k,
+                                   p.col_scales + (b * nbm + jm) * p.k + g * V,
+                                   p.col_data + (b * col_storage + jm * (B / F::group_codes *
+                                                 F::group_bytes)) * p.k + g * V);
+}
+
+template <class F, class In, int B, int V, Enc E>
+__global__ void __launch_bounds__(kThreads)
+quantize_2x_tiles_kernel(const typename In::T* __restrict__ x, Problem2x p) {
+  using P = Plan2x<F, In, B, V>;
+  const int64_t tiles = p.batch * cdiv(p.m, B) * (p.k / V);
+  const int64_t total = cdiv(tiles, 32) * 32;  // whole warps reach the shuffles
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    Tile2x<F, In, B, V> r;
+    tile2x_load<F, In, B, V>(x, p, t < tiles ? t : 0, t < tiles ? tiles : 0, r);
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+#pragma unroll
+      for (int off = P::L / 2; off > 0; off /= 2) {
+        r.row_amax[i] = umax(r.row_amax[i], __shfl_xor_sync(0xFFFFFFFFu, r.row_amax[i], off));
+      }
+    }
+    if (t < tiles) tile2x_store<F, In, B, V, E>(p, t, r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Launch (also used by tests/bench_kernels.cu with other variants).
+
+template <class F, class In, int kTileBytes = k2xTileBytesDefault, Enc E = kEncDefault>
+void launch_quantize_2x(const typename In::T* x, const Problem2x& p, int block,
+                        cudaStream_t stream) {
+  with_block(block, [&](auto bc) {
+    constexpr int B = decltype(bc)::value;
+    constexpr int V = tile_cols<In, B, kTileBytes>();
+    using P = Plan2x<F, In, B, V>;
+    const bool tiles_ok = P::ok && p.k % B == 0 && aligned16(x) && aligned16(p.row_data) &&
+                          aligned16(p.col_data) && aligned16(p.col_scales);
+    if constexpr (P::ok) {
+      if (tiles_ok) {
+        const int64_t tiles = p.batch * cdiv(p.m, B) * (p.k / V);
+        quantize_2x_tiles_kernel<F, In, B, V, E>
+            <<<grid_for(cdiv(tiles, 32) * 32), kThreads, 0, stream>>>(x, p);
+        return;
+      }
+    }
+    Problem2x q = p;
+    q.vec = aligned16(x) && p.k % kVec<In> == 0;
+    const int64_t n = tile_count(q);
+    quantize_2x_smem_kernel<F, In><<<unsigned(n < (1 << 20) ? n : (1 << 20)), kThreads, 0,
+                                      stream>>>(x, q);
+  });
+}
+
+#ifndef MXJAX_CUDA_KERNELS_ONLY
 ffi::Error Quantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> row_data,
                       ffi::Result<ffi::AnyBuffer> row_scales, ffi::Result<ffi::AnyBuffer> col_data,
                       ffi::Result<ffi::AnyBuffer> col_scales, int32_t format, int32_t mode,
@@ -149,22 +279,21 @@ ffi::Error Quantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
   p.row_scales = static_cast<uint8_t*>(row_scales->untyped_data());
   p.col_data = static_cast<uint8_t*>(col_data->untyped_data());
   p.col_scales = static_cast<uint8_t*>(col_scales->untyped_data());
-  const int64_t tiles = tile_count(p);
-  const unsigned grid = unsigned(tiles < (1 << 20) ? tiles : (1 << 20));
   dispatch(format, x.element_type(), [&](auto f, auto in) {
     using F = decltype(f);
     using In = decltype(in);
-    using T = typename In::T;
-    const T* xp = static_cast<const T*>(x.untyped_data());
-    p.vec = aligned16(xp) && p.k % kVec<In> == 0;
-    quantize_2x_kernel<F, In><<<grid, kThreads, 0, stream>>>(xp, p);
+    launch_quantize_2x<F, In>(static_cast<const typename In::T*>(x.untyped_data()), p,
+                              int(block), stream);
   });
   return launch_status("quantize_2x");
 }
 
+#endif  // MXJAX_CUDA_KERNELS_ONLY
+
 }  // namespace
 }  // namespace mxjax::cuda
 
+#ifndef MXJAX_CUDA_KERNELS_ONLY
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantize2xCuda, mxjax::cuda::Quantize2x,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
@@ -177,3 +306,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantize2xCuda, mxjax::cuda::Quantize2x,
                                   .Attr<int32_t>("scale_mode")
                                   .Attr<int64_t>("block_size"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
+#endif  // MXJAX_CUDA_KERNELS_ONLY

@@ -11,7 +11,7 @@
 from mxjax.linen.modules import (ACTIVATIONS, Dense, DenseGeneral, LayerNormDense,
                                  LayerNormMLP, layer_path)
 from mxjax.linen.hooks import DotGeneral, Einsum
-from mxjax.context import QUANTIZED_KERNELS
+from mxjax._src.context import QUANTIZED_KERNELS
 from mxjax.linen.intercept import gemm_paths, intercept
 
 __all__ = ["Dense", "DenseGeneral", "LayerNormDense", "LayerNormMLP", "DotGeneral", "Einsum",

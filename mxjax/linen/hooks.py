@@ -9,7 +9,7 @@
 
 Flax makes a hook inside the layer that calls it, so the hook is that layer's child. A
 hook follows the recipe of the layer that owns it: its `recipe` attribute or else
-`mxjax.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
+`mxjax._src.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
 recipe it makes exactly the call Flax would have made (bit-identical results). A
 DelayedScaling state lives in the hook's own scope, in `state_collection`; stateless
 recipes add no variables, so the model's variables are those of the stock model.
@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import flax.linen as nn
 from jax import lax
 
-from mxjax import context, products, state as state_lib
-from mxjax.einsum import einsum_as_dot_general, einsum_flops
+from mxjax._src import context, products, rules as rules_lib, state as state_lib
+from mxjax._src.einsum import einsum_as_dot_general, einsum_flops
 from mxjax.linen.modules import _STATE_NAME, project_with_state
-from mxjax.recipes import Recipe
+from mxjax._src.recipes import Recipe
 
 
 class _Hook(nn.Module):
@@ -46,9 +46,11 @@ class _Hook(nn.Module):
     autocast (so interception leaves it, and `mxjax.coverage` says why)."""
     if context.get_recipe() is None:
       return contextlib.nullcontext()
+    rule = rules_lib.match(context.get_layer_rules() or (),
+                           *rules_lib.enclosing_paths(self._owner()))
+    why = f"rule {rule[0]!r}" if rule else f"the rule for its layer '{self._owner()}'"
     return products.marked(type(self).__name__.lower().replace("dotgeneral", "dot_general"),
-                           lhs_shape, rhs_shape, flops, None,
-                           f"the rule for its layer '{self._owner()}'", self._owner())
+                           lhs_shape, rhs_shape, flops, None, why, self._owner())
 
   def _plain(self, recipe) -> bool:
     """Whether to make Flax's own call: no recipe and no state to keep."""

@@ -33,11 +33,12 @@ from flax.core import lift
 import jax
 import jax.numpy as jnp
 
-from mxjax import context, interception, products, state as state_lib
-from mxjax.einsum import parse_subscripts
+from mxjax._src import state as state_lib
+from mxjax._src import context, interception, products
+from mxjax._src.einsum import parse_subscripts
 from mxjax.linen import hooks
 from mxjax.linen.modules import layer_path
-from mxjax.recipes import MXFP8BlockScaling
+from mxjax._src.recipes import MXFP8BlockScaling
 
 _DENSE = (nn.Dense, nn.DenseGeneral)
 #: The function behind `nn.Einsum.__call__` (Flax's method wrapper unwrapped), which is

@@ -9,7 +9,7 @@ collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances
 
 Kernels initialized under `mxjax.quantized_model_init` are stored as MXArrays in 2-D
 form `[prod(contracted dims), prod(features)]` and are frozen: they are not params but the
-variable `kernel` of the collection `mxjax.context.QUANTIZED_KERNELS` ("mx_kernels"), which
+variable `kernel` of the collection `mxjax._src.context.QUANTIZED_KERNELS` ("mx_kernels"), which
 `apply` needs next to "params" and which gradients and optimizers never see. Their
 `kernel_axes` apply per array (`QuantizedPartitioned`): `nn.get_partition_spec` gives the
 data and the scales each a PartitionSpec that the mesh splits evenly.
@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from mxjax import _gemm, _repeated_calls, context, sharding, state as state_lib
-from mxjax.recipes import Recipe
+from mxjax._src import state as state_lib
+from mxjax._src import projection, repeated_calls, context, sharding
+from mxjax._src.recipes import Recipe
 
 default_kernel_init = nn.initializers.lecun_normal()
 _STATE_NAME = "recipe_state"
@@ -48,7 +49,7 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
   """The logical axes of a quantized kernel (an MXArray pair, or one MXArray), per array.
 
   `get_partition_spec` gives a pytree like the value, of PartitionSpecs of logical names
-  (`mxjax.sharding.leaf_specs`): the data keeps the kernel's names; a dim of the scales
+  (`mxjax._src.sharding.leaf_specs`): the data keeps the kernel's names; a dim of the scales
   (along the blocks) keeps its name only where every shard holds whole scales, as far as
   the mesh and logical axis rules in effect say (the box's own, else `jax.set_mesh`'s and
   `nn.logical_axis_rules`'). Without rules, a name must split evenly over the whole mesh;
@@ -172,13 +173,13 @@ class DenseGeneral(nn.Module):
 
     batch = [d for d in range(x.ndim) if d not in axes]
     x2 = jnp.transpose(x, batch + list(axes)).reshape(*(x.shape[d] for d in batch), k)
-    kernel = (_gemm.kernel_2d(kernel, len(in_dims), _module_path(self))
-              if _gemm.is_quantized(kernel) else kernel.reshape(k, n))
-    x2, kernel, bias, dtype = _gemm.promote_operands(
+    kernel = (projection.kernel_2d(kernel, len(in_dims), _module_path(self))
+              if projection.is_quantized(kernel) else kernel.reshape(k, n))
+    x2, kernel, bias, dtype = projection.promote_operands(
         lambda args: self.promote_dtype(*args, dtype=self.dtype), x2, kernel, bias,
         self.param_dtype)
     y = self._project(x2, kernel, dtype,
-                      _gemm.flat_features_sharding(out_sharding, len(batch), len(features)))
+                      projection.flat_features_sharding(out_sharding, len(batch), len(features)))
     y = y.reshape(*y.shape[:-1], *features)
     if bias is not None:
       y = y + bias
@@ -194,7 +195,7 @@ class DenseGeneral(nn.Module):
       return self.variable(collection, "kernel").value
     if self.has_variable("params", "kernel"):  # quantize_params' MXArray, as it is
       stored = nn.meta.unbox(self.get_variable("params", "kernel"))
-      if _gemm.is_quantized(stored):
+      if projection.is_quantized(stored):
         return stored
     qinit = context.get_quantized_init()
     if qinit is not None and not self.has_variable("params", "kernel"):
@@ -217,7 +218,7 @@ class DenseGeneral(nn.Module):
                 f"kernel_axes instead")
           names, box = tuple(w.names), dict(mesh=w.mesh, rules=w.rules)
           w = w.value
-        w = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+        w = projection.quantize_kernel(w, qinit.recipe, qinit.columnwise)
         if not names:
           return w
         # the 2-D form keeps the axes of the leading in / feature dims
@@ -256,22 +257,22 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
                        collection: str, dtype, where: str, dimension_numbers=None,
                        precision=None, store_stateless: bool = True, out_sharding=None,
                        path: str | None = None):
-  """`_gemm.project` for a linen module, whose recipe state is the variable
+  """`projection.project` for a linen module, whose recipe state is the variable
   `recipe_state` in `collection` (read, reconciled with `recipe`, written back when the
   collection is mutable).
 
   Args:
     module: the bound module that owns the state.
     x, kernel, recipe, dtype, where, dimension_numbers, precision, out_sharding: as in
-      `_gemm.project`.
+      `projection.project`.
     store_stateless: False keeps the variables untouched where nothing needs a state
       (no stored state and a stateless recipe), as Flax's hooks must.
 
   Returns:
     The product, of `dtype`.
   """
-  if _gemm.is_quantized(kernel):
-    _gemm.check_quantized_kernel(kernel, recipe, where)
+  if projection.is_quantized(kernel):
+    projection.check_quantized_kernel(kernel, recipe, where)
   has_state = module.has_variable(collection, _STATE_NAME)
   stored = module.get_variable(collection, _STATE_NAME) if has_state else None
   gemm = dict(dtype=dtype, where=where, dimension_numbers=dimension_numbers,
@@ -280,13 +281,13 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
   if recipe is not None and recipe.needs_rng() and module.has_rng("mx"):
     gemm["rng"] = module.make_rng("mx")  # Flax's rng-stream convention (as Dropout's)
   if not (store_stateless or has_state or (recipe is not None and recipe.stateful())):
-    return _gemm.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
+    return projection.project(x, kernel, recipe, state_lib.init(recipe), **gemm)[0]
   can_write = module.is_mutable_collection(collection)
   forward, layer = module.scope.root, (module.scope.path, collection)
-  start, repeated = _repeated_calls.started_from(forward, layer, stored)
-  run_state, replaced = _gemm.reconcile_state(start, recipe, where, can_write)
+  start, repeated = repeated_calls.started_from(forward, layer, stored)
+  run_state, replaced = projection.reconcile_state(start, recipe, where, can_write)
   held = start if (start is not None and run_state is not start) else None
-  y, forward_state = _gemm.project(x, kernel, recipe, run_state, held, **gemm)
+  y, forward_state = projection.project(x, kernel, recipe, run_state, held, **gemm)
   if can_write and (replaced or run_state is start):
     if module.is_initializing():  # like BatchNorm's statistics: without this batch
       module.put_variable(collection, _STATE_NAME, run_state)
@@ -295,7 +296,7 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
         forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
       module.put_variable(collection, _STATE_NAME, forward_state)
       if jax.tree.leaves(forward_state):
-        _repeated_calls.note_record(forward, layer, run_state, forward_state)
+        repeated_calls.note_record(forward, layer, run_state, forward_state)
   return y
 
 

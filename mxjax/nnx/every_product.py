@@ -2,7 +2,7 @@
 
 `mxjax.nnx.quantize` gives the model a class of its own (a subclass of its class, made
 once per class) whose `__call__` runs the model as a pure function of its state through
-`mxjax.interception.run`, and writes the state back (`nnx.split` / `merge` / `update`, as
+`mxjax._src.interception.run`, and writes the state back (`nnx.split` / `merge` / `update`, as
 NNX's own transforms do). While that call is traced, each submodule of the traced copy
 runs under a `jax.named_scope` of its attribute path from its parent module, so products
 have paths such as `layers/0/attn/einsum_1`; the model itself is left with its own
@@ -17,7 +17,7 @@ import threading
 import jax
 from flax import nnx
 
-from mxjax import context, interception
+from mxjax._src import context, interception
 
 _INSIDE = threading.local()
 

@@ -16,7 +16,7 @@ A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArra
 MXArray of `QuantizedKernel` variables, not an `nnx.Param`: it is frozen, so `nnx.grad`
 (whose default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave
 it alone. A `kernel_init` annotated with `nnx.with_partitioning` gives each array its own
-annotation (`mxjax.sharding.leaf_specs`: the scales split only where the mesh splits them
+annotation (`mxjax._src.sharding.leaf_specs`: the scales split only where the mesh splits them
 evenly), and nnx shards it as it shards an annotated `nnx.Param`.
 """
 
@@ -32,8 +32,9 @@ from jax import lax
 from flax.core import meta
 from flax.nnx.nn import dtypes as nnx_dtypes
 
-from mxjax import _gemm, _repeated_calls, context, sharding, state as state_lib
-from mxjax.recipes import Recipe
+from mxjax._src import state as state_lib
+from mxjax._src import projection, repeated_calls, context, sharding
+from mxjax._src.recipes import Recipe
 
 
 class RecipeStateVar(nnx.Variable):
@@ -118,35 +119,35 @@ class Linear(nnx.Module):
     in `flax.nnx.Linear`."""
     kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
-    quantized = _gemm.is_quantized(kernel)
+    quantized = projection.is_quantized(kernel)
     if not (quantized or hasattr(kernel, "dtype")):
       raise TypeError(
           f"mxjax.nnx.Linear({self.in_features}, {self.out_features}): the kernel holds "
           f"{type(kernel).__name__}, not an array: a quantized kernel's variables were given "
           "to a layer built outside mxjax.quantized_model_init (nnx.bridge.ToLinen builds "
           "the layer again in every apply: run apply under quantized_model_init too)")
-    x, kernel, bias, dtype = _gemm.promote_operands(
+    x, kernel, bias, dtype = projection.promote_operands(
         lambda args: self.promote_dtype(args, dtype=self.dtype), x, kernel, bias,
         self.param_dtype)
     recipe, where = self._recipe(), f"nnx.Linear({self.in_features}, {self.out_features})"
     if quantized:
-      _gemm.check_quantized_kernel(kernel, recipe, where)
+      projection.check_quantized_kernel(kernel, recipe, where)
     stored = nnx.as_pure(self.recipe_state)
-    in_transform = _repeated_calls.traced((x, kernel, stored))
-    start, repeated = (_repeated_calls.started_from(self, None, stored) if in_transform
+    in_transform = repeated_calls.traced((x, kernel, stored))
+    start, repeated = (repeated_calls.started_from(self, None, stored) if in_transform
                        else (stored, False))
-    run_state, replaced = _gemm.reconcile_state(start, recipe, where, can_write=True)
+    run_state, replaced = projection.reconcile_state(start, recipe, where, can_write=True)
     held = start if run_state is not start else None
     rng = (self.mx_rngs() if recipe is not None and recipe.needs_rng()
            and getattr(self, "mx_rngs", None) is not None else None)
-    y, forward_state = _gemm.project(x, kernel, recipe, run_state, held,
+    y, forward_state = projection.project(x, kernel, recipe, run_state, held,
                                      dtype=self.preferred_element_type or dtype, where=where,
                                      precision=self.precision,
                                      out_sharding=out_sharding, rng=rng)
     if repeated:
       forward_state = state_lib.merge_records(run_state, stored, forward_state, recipe)
     if in_transform and jax.tree.leaves(forward_state):
-      _repeated_calls.note_record(self, None, run_state, forward_state)
+      repeated_calls.note_record(self, None, run_state, forward_state)
     if replaced:
       self.recipe_state = _state_variables(forward_state)
     elif run_state is start:
@@ -161,12 +162,12 @@ def _quantized_kernel(w, qinit: context.QuantizedInit, kernel_metadata: Mapping[
   """`w` quantized under `qinit`, each array in a `QuantizedKernel`. Where the metadata
   (`kernel_metadata`, or `nnx.with_partitioning`'s `nnx.VariableMetadata` around `w`)
   has an `out_sharding`, each array gets its entries that split it evenly
-  (`mxjax.sharding.leaf_specs`) and the rest of the metadata."""
+  (`mxjax._src.sharding.leaf_specs`) and the rest of the metadata."""
   metadata = dict(kernel_metadata)
   if isinstance(w, nnx.VariableMetadata):
     metadata.update(w.metadata)
   w = w.raw_value if isinstance(w, nnx.VariableMetadata) else w
-  kernel = _gemm.quantize_kernel(w, qinit.recipe, qinit.columnwise)
+  kernel = projection.quantize_kernel(w, qinit.recipe, qinit.columnwise)
   annotation = metadata.get("out_sharding")
   if not annotation:
     return jax.tree.map(lambda a: QuantizedKernel(a, **metadata), kernel)

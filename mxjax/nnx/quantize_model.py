@@ -35,11 +35,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from mxjax import _gemm, context, products, rules as rules_lib, state as state_lib
-from mxjax.einsum import einsum_as_dot_general
+from mxjax._src import rules as rules_lib, state as state_lib
+from mxjax._src import projection, context, products
+from mxjax._src.einsum import einsum_as_dot_general
 from mxjax.nnx import every_product
 from mxjax.nnx.modules import AUTOCAST, Linear
-from mxjax.recipes import MXFP8BlockScaling, Recipe
+from mxjax._src.recipes import MXFP8BlockScaling, Recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ class MXProduct:
 
     def dot(lhs, rhs, dims, out_sharding=None):
       dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-      return _gemm.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
+      return projection.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=dtype,
                            where=f"layer '{self.path}'", dimension_numbers=dims,
                            out_sharding=out_sharding, path=self.path)[0]
 
@@ -165,7 +166,7 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
   rules = rules_lib.check(rules, "mxjax.nnx.quantize rules")
   plan = []
   for path, layer in _gemm_layers(model):
-    rule = rules_lib.match(rules, path)
+    rule = rules_lib.match(rules, *rules_lib.enclosing_paths(path))
     recipe = AUTOCAST if rule is None else rule[1]
     if isinstance(layer, Linear):
       plan.append((layer, "rule_recipe", recipe))

@@ -35,11 +35,15 @@ Rows show the canonical (first) name; results.json also records the name given.
 mxjax.linen.intercept; weight-only rows quantize the same kernels): all; no_ends (the
 first and last GEMM and the LM head stay bf16); mlp_only (only the MLPs' GEMMs).
 
-Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png.
+Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png,
+and the bf16 model's params in OUT/bf16_checkpoint/seed_S (what --mode ptq and
+mxjax-eval load). The progress bars' ETAs start after each run's first step (its
+compilation).
 With --seeds N every row runs under N seeds (init and data order; the corpus stays the
 one --seed draws): the table gives mean ± std of the validation loss and of Δ (each
 seed's Δ against bf16 of the same seed) and marks Δ significant when |mean Δ| exceeds
-2 standard errors (std / sqrt(N)); the PNG shades the seeds' spread.
+2 standard errors (std / sqrt(N)); the PNG shades the seeds' spread and draws ±2 SE
+whiskers. One seed gives values without error bars.
 
 Examples:
   mxjax-sweep                                   # the demo: bf16 + 5 MX formats, CPU
@@ -75,7 +79,7 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from mxjax import linen as mxl
-from mxjax import rules as rules_lib
+from mxjax._src import rules as rules_lib
 from mxjax.sweep import checkpoint, corpus, formats, report, train
 from mxjax.sweep import model as model_lib
 
@@ -135,7 +139,7 @@ class _Sweep:
   """What every run of one invocation shares: data, model, initial params, settings."""
 
   args: argparse.Namespace
-  formats: list[formats.SweepFormat]
+  formats: list[formats.SweepRow]
   data: corpus.Corpus
   config: model_lib.ModelConfig
   lm: model_lib.LanguageModel
@@ -155,15 +159,15 @@ class _Sweep:
   def runner(self, treatment: train.Treatment) -> train.Runner:
     return train.Runner(self.lm, self.train_config, treatment, self.args.seq_len)
 
-  def gemm_treatment(self, f: formats.SweepFormat) -> train.Treatment:
+  def gemm_treatment(self, f: formats.SweepRow) -> train.Treatment:
     a = self.args
     return train.Treatment.for_gemms(f, a.block_size, a.scale_mode, self.rules)
 
-  def weights_treatment(self, f: formats.SweepFormat) -> train.Treatment:
+  def weights_treatment(self, f: formats.SweepRow) -> train.Treatment:
     a = self.args
     return train.Treatment.weights_only(f, a.block_size, a.scale_mode, self.rules)
 
-  def row(self, f: formats.SweepFormat, quantized: str) -> report.Row:
+  def row(self, f: formats.SweepRow, quantized: str) -> report.Row:
     return report.Row(f.name, quantized, f.bytes_per_param(self.args.block_size), f.given)
 
   def checkpoint_key(self, seed: int) -> dict:
@@ -249,7 +253,7 @@ def _fail(message: str) -> NoReturn:
   parser().error(message)
 
 
-def _check_args(args: argparse.Namespace) -> list[formats.SweepFormat]:
+def _check_args(args: argparse.Namespace) -> list[formats.SweepRow]:
   """The formats to run; exits (one line, code 2) on a bad flag before any output."""
   try:
     sweep_formats = formats.parse(args.formats)
@@ -316,12 +320,18 @@ def main(argv=None) -> int:
               params=dict(total=total, in_kernels=in_kernels), seconds=seconds,
               environment=_environment())
   png_path = report.plot(args.out, rows, args.mode, title)
-  with open(os.path.join(args.out, "results.md"), "w") as f:
+  md_path = os.path.join(args.out, "results.md")
+  with open(md_path, "w") as f:
     f.write(f"{title}\n\n{text}\n")
   json_path = report.write_json(args.out, rows, meta)
   print(title)
   print(text)
-  print(f"wrote {json_path}, {png_path} ({seconds:.1f} s total)")
+  outputs = [f"{md_path} (this table)", f"{json_path} (every run and its curve)",
+             f"{png_path} (the plot)"]
+  outputs += [f"{os.path.join(args.out, checkpoint.DIRNAME, f'seed_{seed}')} (the bf16 "
+              "params: --mode ptq, mxjax-eval)" for seed in seeds
+              if os.path.isdir(checkpoint.directory(args.out, seed))]
+  print(f"wrote {', '.join(outputs)} ({seconds:.1f} s total)")
   return 0
 
 
@@ -330,8 +340,8 @@ def _environment() -> dict:
              devices=[str(d) for d in jax.devices()], python=platform.python_version(),
              machine=platform.machine(), cpus=os.cpu_count())
   try:
-    from mxjax import _ffi
-    env["mxjax_ffi"] = _ffi.build_info()
+    from mxjax._src import extension
+    env["mxjax_ffi"] = extension.build_info()
   except Exception as e:  # noqa: BLE001 - informational only
     env["mxjax_ffi"] = f"unavailable: {type(e).__name__}"
   return env

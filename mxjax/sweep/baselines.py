@@ -9,7 +9,7 @@ serves weight-only QAT and PTQ:
   then runs in high precision on `q * scale` (weight-only quantization).
 - `fp8_per_tensor`: one scale for the whole kernel, `fp8_max / amax` (as
   `mxjax.fp8`'s current scaling computes it), elements cast to FP8.
-- `mx`: MX block quantization along K (`mxjax.quantize.fake_quantize`).
+- `mx`: MX block quantization along K (`mxjax._src.quantize.fake_quantize`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mxjax import fp8
-from mxjax import formats as mx_formats
-from mxjax.quantize import fake_quantize
+from mxjax._src import fp8
+from mxjax._src import formats as mx_formats
+from mxjax._src.quantize import fake_quantize
 
 INT8_MAX = 127
 

@@ -24,13 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax import context, rules as rules_lib
-from mxjax.mxarray import MXArray
-from mxjax.ptq import quantize_params
+from mxjax._src import rules as rules_lib
+from mxjax._src import context
+from mxjax._src.mxarray import MXArray
+from mxjax._src.ptq import quantize_params
 from mxjax.sweep import checkpoint, corpus, formats, generate, train
 from mxjax.sweep import model as model_lib
 
-DEFAULT_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1")
+DEFAULT_FORMATS = ("mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1", "nvfp4", "fp8_block")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="mxjax_sweep_out", help="the sweep's output directory")
   p.add_argument("--seed", type=int, default=0, help="which seed's bf16 model")
-  p.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help="MX formats")
+  p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                 help="block-scaled formats (MX, NVFP4, FP8 blocks)")
   p.add_argument("--tiers", default="all", help=f"comma list of {', '.join(rules_lib.PRESETS)}")
   p.add_argument("--eval-batches", type=int, default=8, help="validation batches")
   p.add_argument("--gen-batch", type=int, default=8, help="sequences generated at once")
@@ -70,7 +72,7 @@ def held_bytes(tree) -> tuple[int, int]:
   """(bytes of `tree`'s arrays among jax.live_arrays, of those in MXArrays)."""
   leaves = jax.tree.leaves(tree)
   mx = {id(a) for k in jax.tree.leaves(tree, is_leaf=_is_mx) if _is_mx(k)
-        for a in (k.data, k.scales)}
+        for a in (k.data, k.scales, k.tensor_scale) if a is not None}
   ids = {id(a) for a in leaves}
   live = [a for a in jax.live_arrays() if id(a) in ids]
   return sum(a.nbytes for a in live), sum(a.nbytes for a in live if id(a) in mx)
@@ -127,9 +129,9 @@ def run(args) -> list[dict]:
                    **evaluate_row(lm, bf16, None, (), val, prompt, args.gen_tokens)))
   for name in [n for n in args.formats.split(",") if n.strip()]:
     f = formats.FORMATS.get(formats.canonical(name) or "")
-    if f is None or f.kind != "mx":
-      raise SystemExit(f"mxjax-eval: {name!r} is not an MX format; choose from "
-                       f"{', '.join(n for n, x in formats.FORMATS.items() if x.kind == 'mx')}")
+    if f is None or f.kind != "block_scaled":
+      raise SystemExit(f"mxjax-eval: {name!r} is not a block-scaled format; choose from "
+                       f"{', '.join(n for n, x in formats.FORMATS.items() if x.kind == 'block_scaled')}")
     recipe = f.recipe()
     for tier in [t.strip() for t in args.tiers.split(",") if t.strip()]:
       layer_rules, keep = tier_rules(params, tier)

@@ -2,12 +2,12 @@
 GEMMs run, and what its weights cost to store.
 
 Kinds of rows:
-  baseline     bf16, no quantization.
-  mx           an MX recipe: every GEMM's operands (forward) and gradients (backward) MX.
-  per_tensor   a per-tensor FP8 recipe of mxjax (DelayedScaling, Float8CurrentScaling).
-  block        a block-scaled recipe run by `mxjax.block_dot` (NVFP4, FP8 1x128 / 128x128
-               blocks, MX with 2-D weights / stochastic rounding / RHT).
-  weight_only  the weights quantize-dequantized (INT8 per output channel), GEMMs in bf16.
+  baseline       bf16, no quantization.
+  block_scaled   a block-scaled recipe: every GEMM's operands (forward) and gradients
+                 (backward) in its roles' formats (MX, NVFP4, FP8 1x128 / 128x128 blocks,
+                 MX with 2-D weights / stochastic rounding / RHT).
+  per_tensor     a per-tensor FP8 recipe of mxjax (DelayedScaling, Float8CurrentScaling).
+  weight_only    the weights quantize-dequantized (INT8 per output channel), GEMMs in bf16.
 """
 
 from __future__ import annotations
@@ -16,25 +16,23 @@ import dataclasses
 import functools
 from typing import Callable
 
-import jax
 
-from mxjax import block_ops
-from mxjax import formats as mx_formats
-from mxjax.block_recipes import Float8BlockScaling, NVFP4BlockScaling
-from mxjax.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
-                           MXFP4BlockScaling, MXFP6BlockScaling, MXFP8BlockScaling, Recipe)
+from mxjax._src.quantize import fake_quantize
+from mxjax._src.recipes import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format,
+                                MXBlockScaling, MXFP4BlockScaling, MXFP6BlockScaling,
+                                MXFP8BlockScaling, NVFP4BlockScaling, Recipe)
 from mxjax.sweep import baselines
 
 BASELINE = "bf16"
 
 
 @dataclasses.dataclass(frozen=True)
-class SweepFormat:
+class SweepRow:
   """One row kind of the sweep.
 
   Attributes:
     name: the canonical name, shown in the table, e.g. "mxfp8_e4m3".
-    kind: "baseline", "mx", "per_tensor" or "weight_only".
+    kind: "baseline", "block_scaled", "per_tensor" or "weight_only".
     weight_format: the element format weights are quantized to ("int8" for INT8; None:
       bf16, unquantized).
     make_recipe: `(block_size, scale_mode) -> Recipe`, or None (no recipe: bf16 GEMMs).
@@ -62,43 +60,39 @@ class SweepFormat:
   def weight_quantizer(self, block_size: int = 32, scale_mode: str = "rceil"):
     """`w [K, N] -> quantize-dequantize of w` (straight-through gradient) as this row
     stores weights; None for the baseline."""
-    if self.kind == "mx":
-      return functools.partial(baselines.mx, fmt=self.weight_format, block_size=block_size,
-                               scale_mode=scale_mode)
+    if self.kind == "block_scaled":
+      return functools.partial(fake_quantize, format=self.recipe(block_size, scale_mode).roles().w,
+                               axis=0)
     if self.kind == "per_tensor":
       return functools.partial(baselines.fp8_per_tensor, fmt=self.weight_format)
-    if self.kind == "block":
-      roles = self.recipe(block_size, scale_mode).block_roles()
-      return functools.partial(_block_weight, bf=roles.w)
     if self.kind == "weight_only":
       return baselines.int8_per_channel
     return None
 
   def bytes_per_param(self, block_size: int = 32) -> float:
-    """Storage of one weight: MX element bits / 8 plus one E8M0 byte per block; 1 for
-    per-tensor FP8 and INT8 (their per-tensor / per-channel scales left out); bf16: 2."""
+    """Storage of one weight: the weight format's element bits / 8 plus its scale bytes
+    per block; 1 for per-tensor FP8 and INT8 (their per-tensor / per-channel scales left
+    out); bf16: 2."""
     if self.weight_format is None:
       return 2.0
-    if self.kind == "block":  # the weight role's format: elements + scale bytes per block
-      return self.recipe(block_size).block_roles().w.bytes_per_element()
-    if self.kind != "mx":
-      return 1.0
-    return mx_formats.element_format(self.weight_format).bits / 8 + 1 / block_size
+    if self.kind == "block_scaled":
+      return self.recipe(block_size).roles().w.bytes_per_element()
+    return 1.0
 
 
-def _mx(width: str, element: str, label: str, make_recipe) -> SweepFormat:
+def _mx(width: str, element: str, label: str, make_recipe) -> SweepRow:
   """An MX row, named `mx{width}_{element}`, also `{width}_{element}` and `{element}`."""
-  return SweepFormat(f"mx{width}_{element}", "mx", element, make_recipe, label,
+  return SweepRow(f"mx{width}_{element}", "block_scaled", element, make_recipe, label,
                      (f"{width}_{element}", element))
 
 
-FORMATS: dict[str, SweepFormat] = {f.name: f for f in (
-    SweepFormat(BASELINE, "baseline", None, None, "bf16 (no quantization)", ("bfloat16",)),
+FORMATS: dict[str, SweepRow] = {f.name: f for f in (
+    SweepRow(BASELINE, "baseline", None, None, "bf16 (no quantization)", ("bfloat16",)),
     _mx("fp8", "e4m3", "MXFP8 E4M3 fwd+bwd",
         lambda b, s: MXFP8BlockScaling(fp8_format=Format.E4M3, block_size=b, scale_mode=s)),
     _mx("fp8", "e5m2", "MXFP8 E5M2 fwd+bwd",
         lambda b, s: MXBlockScaling("e5m2", "e5m2", block_size=b, scale_mode=s)),
-    SweepFormat("mxfp8_hybrid", "mx", "e4m3",
+    SweepRow("mxfp8_hybrid", "block_scaled", "e4m3",
                 lambda b, s: MXFP8BlockScaling(fp8_format=Format.HYBRID, block_size=b,
                                                scale_mode=s),
                 "MXFP8 E4M3 fwd, E5M2 grads", ("hybrid",)),
@@ -108,42 +102,42 @@ FORMATS: dict[str, SweepFormat] = {f.name: f for f in (
         lambda b, s: MXFP6BlockScaling(fp6_format=Format.E2M3, block_size=b, scale_mode=s)),
     _mx("fp4", "e2m1", "MXFP4 E2M1 fwd+bwd",
         lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s)),
-    SweepFormat("nvfp4", "block", "e2m1", lambda b, s: NVFP4BlockScaling(),
+    SweepRow("nvfp4", "block_scaled", "e2m1", lambda b, s: NVFP4BlockScaling(),
                 "NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale, 16x16 weights, "
                 "SR grads, RHT wgrad", ("nvfp4_e2m1",)),
-    SweepFormat("nvfp4_no_sr", "block", "e2m1",
+    SweepRow("nvfp4_no_sr", "block_scaled", "e2m1",
                 lambda b, s: NVFP4BlockScaling(disable_stochastic_rounding=True),
                 "NVFP4, gradients rounded to nearest (ablation)"),
-    SweepFormat("nvfp4_no_rht", "block", "e2m1", lambda b, s: NVFP4BlockScaling(disable_rht=True),
+    SweepRow("nvfp4_no_rht", "block_scaled", "e2m1", lambda b, s: NVFP4BlockScaling(disable_rht=True),
                 "NVFP4 without the RHT (ablation)"),
-    SweepFormat("nvfp4_1d", "block", "e2m1",
+    SweepRow("nvfp4_1d", "block_scaled", "e2m1",
                 lambda b, s: NVFP4BlockScaling(disable_2d_quantization=True),
                 "NVFP4, 1x16 weight blocks (ablation)"),
-    SweepFormat("fp8_block", "block", "e4m3", lambda b, s: Float8BlockScaling(),
+    SweepRow("fp8_block", "block_scaled", "e4m3", lambda b, s: Float8BlockScaling(),
                 "FP8 blocks (DeepSeek-V3 / TE): E4M3, 1x128 acts+grads, 128x128 weights, "
                 "pow2 FP32 scales", ("float8_block", "fp8_blockwise")),
-    SweepFormat("mxfp4_sr_rht", "block", "e2m1",
+    SweepRow("mxfp4_sr_rht", "block_scaled", "e2m1",
                 lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
                                                stochastic_rounding=True,
                                                random_hadamard_transform=True),
                 "MXFP4 + stochastic rounding (grads) + RHT (wgrad)", ("fp4_sr_rht",)),
-    SweepFormat("mxfp4_sr", "block", "e2m1",
+    SweepRow("mxfp4_sr", "block_scaled", "e2m1",
                 lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
                                                stochastic_rounding=True),
                 "MXFP4 + stochastic rounding (grads)", ("fp4_sr",)),
-    SweepFormat("mxfp4_rht", "block", "e2m1",
+    SweepRow("mxfp4_rht", "block_scaled", "e2m1",
                 lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
                                                random_hadamard_transform=True),
                 "MXFP4 + RHT (wgrad)", ("fp4_rht",)),
-    SweepFormat("mxfp8_2d", "block", "e4m3",
+    SweepRow("mxfp8_2d", "block_scaled", "e4m3",
                 lambda b, s: MXFP8BlockScaling(block_size=b, scale_mode=s,
                                                enable_2d_quantization=True),
                 "MXFP8 E4M3, 32x32 weight tiles", ("fp8_2d",)),
-    SweepFormat("fp8_delayed", "per_tensor", "e4m3", lambda b, s: DelayedScaling(),
+    SweepRow("fp8_delayed", "per_tensor", "e4m3", lambda b, s: DelayedScaling(),
                 "per-tensor FP8, delayed scaling (E4M3 fwd, E5M2 grads)", ("delayed",)),
-    SweepFormat("fp8_current", "per_tensor", "e4m3", lambda b, s: Float8CurrentScaling(),
+    SweepRow("fp8_current", "per_tensor", "e4m3", lambda b, s: Float8CurrentScaling(),
                 "per-tensor FP8, current scaling (E4M3 fwd, E5M2 grads)", ("current",)),
-    SweepFormat("int8_weight", "weight_only", "int8", None,
+    SweepRow("int8_weight", "weight_only", "int8", None,
                 "INT8 weights (per output channel), bf16 GEMMs", ("int8",)),
 )}
 
@@ -158,7 +152,7 @@ def canonical(name: str) -> str | None:
   return _BY_NAME.get(name.strip().lower().replace("-", "_"))
 
 
-def parse(names: str) -> list[SweepFormat]:
+def parse(names: str) -> list[SweepRow]:
   """A comma list of format names (any accepted spelling) -> formats, baseline first
   (added if missing), each once, with `given` the first spelling the user typed.
 
@@ -176,11 +170,3 @@ def parse(names: str) -> list[SweepFormat]:
   given.setdefault(BASELINE, BASELINE)
   ordered = [BASELINE] + [n for n in given if n != BASELINE]
   return [dataclasses.replace(FORMATS[n], given=given[n]) for n in ordered]
-
-
-def _block_weight(w, bf):
-  """w [K, N] -> block quantize-dequantize (tensor scale applied) along K, or in tiles;
-  straight-through gradient."""
-  codes, scales, ts = block_ops.quantize(jax.lax.stop_gradient(w), bf, 0)
-  wq = block_ops.dequantize(codes, scales, ts, bf, 0).astype(w.dtype)
-  return baselines._straight_through(w, wq)

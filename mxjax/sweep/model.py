@@ -2,7 +2,7 @@
 
 Pre-norm blocks: `LayerNormDense` (qkv) -> causal attention -> `DenseGeneral` (out);
 `LayerNormMLP` (gelu). The LM head is a `LayerNormDense`. So every GEMM with weights
-follows the recipe of the enclosing `mxjax.context.autocast` (none: plain `dtype`).
+follows the recipe of the enclosing `mxjax._src.context.autocast` (none: plain `dtype`).
 The attention scores and the embedding lookup have no weights to quantize and stay
 in `dtype`.
 """

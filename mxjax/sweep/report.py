@@ -204,11 +204,14 @@ def _smooth(curve: Sequence[float], alpha: float) -> np.ndarray:
 def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   """Saves the loss curves PNG (headless, Agg); returns its path.
 
-  train mode: the (smoothed) mean training loss of every format, shaded between the
-  seeds' lowest and highest, and the validation loss at the last step (error bar: ±1
-  std over the seeds); next to it each row's Δ val loss (bar: mean, whiskers: ±2
-  standard errors, dots: the seeds). ptq mode: the baseline's training curve, and a bar
-  chart of the validation loss per format and what was quantized (error bars: ±1 std).
+  train mode, three panels: the smoothed mean training loss of every format (band:
+  the seeds' lowest to highest, with several seeds); each format's training loss minus
+  bf16's of the same seed and step, in percent (the formats close to bf16 are told
+  apart here; a symmetric-log axis keeps a far one on the same panel); and each row's
+  Δ validation loss (with several seeds: the mean, ±2 standard errors, each seed as a
+  dot, and * where the mean is beyond 2 SE; with one seed, the value alone). ptq mode:
+  the baseline's training curve, and a bar chart of the validation loss per format and
+  what was quantized (error bars: ±1 std).
   """
   import matplotlib
   matplotlib.use("Agg")
@@ -216,13 +219,17 @@ def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
 
   path = os.path.join(out_dir, PLOT_PNG)
   curved = [r for r in rows if r.curve]
+  names = list(dict.fromkeys(r.format for r in rows if r.quantized != "-"))
+  colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
+  colors.update({r.format: "black" for r in rows if r.quantized == "-"})
   if mode == "train":
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), width_ratios=(3, 2))
-    _curves(ax, curved)
-    _deltas(bx, [r for r in rows if r.quantized != "-"])
+    fig, (ax, dx, bx) = plt.subplots(1, 3, figsize=(17, 5.2), width_ratios=(5, 5, 4))
+    _curves(ax, curved, colors)
+    _differences(dx, curved, colors)
+    _deltas(bx, [r for r in rows if r.quantized != "-"], colors)
   else:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
-    _curves(ax, curved)
+    _curves(ax, curved, colors)
     _bars(bx, rows)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
@@ -231,60 +238,139 @@ def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   return path
 
 
-def _curves(ax, rows: Sequence[Row]) -> None:
-  colors = [f"C{i}" for i in range(10)]
-  lows = []
+def _alpha(steps: int) -> float:
+  """The smoothing factor of the curves' moving average (none for short runs)."""
+  return 0.9 if steps > 50 else 0.0
+
+
+def _seeds(rows: Sequence[Row]) -> int:
+  return max((len(r.runs) for r in rows), default=1)
+
+
+def _curves(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
+  colors = colors or {}
+  lows, highs = [], []
   for i, r in enumerate(rows):
-    c = colors[i % len(colors)]
+    c = colors.get(r.format, f"C{i % 10}")
     curve = r.curve
     steps = np.arange(1, len(curve) + 1)
-    alpha = 0.9 if len(curve) > 50 else 0.0
+    alpha = _alpha(len(curve))
     smooth = _smooth(curve, alpha)
     per_seed = np.asarray([_smooth(run.curve, alpha) for run in r.runs if run.curve])
     if len(per_seed) > 1:
       ax.fill_between(steps, per_seed.min(0), per_seed.max(0), color=c, alpha=0.2,
                       linewidth=0)
-    else:
-      ax.plot(steps, curve, color=c, alpha=0.15, linewidth=0.8)
     std = r.val_loss_std
     label = f"{r.format}: val {r.val_loss:.3f}" + (f" ± {std:.3f}" if std is not None else "")
-    ax.plot(steps, smooth, color=c, linewidth=1.6, label=label)
-    ax.errorbar([steps[-1]], [r.val_loss], yerr=None if std is None else [std], marker="o",
-                color=c, capsize=3)
-    lows.append(float(np.min(smooth)))
-  if lows:
-    finite = [v for v in lows if math.isfinite(v)]
-    if finite:  # keep the early, steep part of the curves from hiding the differences
-      top = max(r.curve[min(len(r.curve) - 1, len(r.curve) // 10)] for r in rows)
-      if math.isfinite(top) and top > min(finite):
-        ax.set_ylim(min(finite) - 0.05 * (top - min(finite)), top)
-  seeds = max((len(r.runs) for r in rows), default=1)
+    ax.plot(steps, smooth, color=c, linewidth=1.4, label=label)
+    ax.plot([steps[-1]], [r.val_loss], "o", color=c, markersize=5)
+    tail = smooth[len(smooth) // 10:]
+    lows.append(float(np.min(tail)))
+    highs.append(float(np.max(tail)))
+  finite = [(lo, hi) for lo, hi in zip(lows, highs) if math.isfinite(lo) and math.isfinite(hi)]
+  if finite:  # from the end of the steep start: the whole of every smoothed curve after it
+    lo, hi = min(v[0] for v in finite), max(v[1] for v in finite)
+    vals = [r.val_loss for r in rows if math.isfinite(r.val_loss)]
+    lo, hi = min([lo, *vals]), max([hi, *vals])
+    pad = 0.04 * (hi - lo + 1e-6)
+    ax.set_ylim(lo - pad, hi + pad)
+  seeds = _seeds(rows)
   ax.set_xlabel("step")
   ax.set_ylabel("cross entropy (nats / byte)")
-  ax.set_title("training loss (smoothed" + (f", mean of {seeds} seeds, band: min-max"
-                                            if seeds > 1 else "") + "); dots: validation loss")
+  ax.set_title("training loss, moving average" + (f" (mean of {seeds} seeds;\nband: min-max)"
+                                                  if seeds > 1 else "")
+               + "; dot: validation loss", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
 
 
-def _deltas(ax, rows: Sequence[Row]) -> None:
-  xs = np.arange(len(rows))
-  means = [r.delta_pct if r.delta_pct is not None else np.nan for r in rows]
+def _differences(ax, rows: Sequence[Row], colors: dict) -> None:
+  """Each format's smoothed training loss minus the baseline's, same seed and step, in %
+  of the baseline's (paired: the batches are the same, so their noise cancels)."""
+  base = next((r for r in rows if r.quantized == "-"), None)
+  if base is None:
+    return
+  base_runs = {run.seed: run.curve for run in base.runs if run.curve}
+  peak, top, bottom = 0.0, 0.0, 0.0
+  for r in rows:
+    if r is base:
+      continue
+    diffs = []
+    for run in r.runs:
+      b = base_runs.get(run.seed)
+      if run.curve and b and len(b) == len(run.curve):
+        alpha = _alpha(len(b))
+        sb = _smooth(b, alpha)
+        diffs.append(100.0 * (_smooth(run.curve, alpha) - sb) / sb)
+    if not diffs:
+      continue
+    diffs = np.asarray(diffs)
+    steps = np.arange(1, diffs.shape[1] + 1)
+    c = colors.get(r.format, "C1")
+    if len(diffs) > 1:
+      ax.fill_between(steps, diffs.min(0), diffs.max(0), color=c, alpha=0.2, linewidth=0)
+    mean = diffs.mean(0)
+    ax.plot(steps, mean, color=c, linewidth=1.4, label=r.format)
+    tail = mean[len(mean) // 10:]
+    if tail.size and np.all(np.isfinite(tail)):
+      peak = max(peak, float(np.max(np.abs(tail))))
+      top, bottom = max(top, float(np.max(diffs))), min(bottom, float(np.min(diffs)))
+  ax.axhline(0.0, color="black", linewidth=1, label=f"{base.format} (zero)")
+  if peak > 2.0:  # one far row (MXFP4 round-to-nearest) must not flatten the close ones
+    from matplotlib import ticker
+    ax.set_yscale("symlog", linthresh=1.0, linscale=2.0)
+    marks = [v for v in (-50, -20, -10, -5, -2, -1, -0.5, 0, 0.5, 1, 2, 5, 10, 20, 50, 100)
+             if abs(v) <= 1 or bottom <= v <= top]
+    ax.yaxis.set_major_locator(ticker.FixedLocator(marks))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:+g}" if v else "0"))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+  ax.set_xlabel("step")
+  ax.set_ylabel(f"training loss − {base.format}'s, same step (%)")
+  notes = (["band: seeds' min-max"] if _seeds(rows) > 1 else []) + (
+      ["symlog axis, linear within ±1%"] if peak > 2.0 else [])
+  ax.set_title(f"training loss minus {base.format}'s, moving averages"
+               + (f"\n({'; '.join(notes)})" if notes else ""), fontsize=9)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
+
+
+def _deltas(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
+  """Horizontal bars of Δ validation loss, the value written past each bar's end; the
+  spread of the seeds only where there are several."""
+  colors = colors or {}
+  ys = np.arange(len(rows))[::-1]
+  means = np.array([r.delta_pct if r.delta_pct is not None else np.nan for r in rows])
+  seeds = _seeds(rows)
   whiskers = [2 * (r.delta_pct_se or 0.0) for r in rows]
-  colors = [f"C{(i + 1) % 10}" for i in range(len(rows))]
-  ax.bar(xs, means, 0.6, yerr=whiskers if any(whiskers) else None, capsize=4, color=colors,
-         alpha=0.6)
-  for x, r, c in zip(xs, rows, colors):
-    seeds = [run.delta_pct for run in r.runs if run.delta_pct is not None]
-    ax.plot([x] * len(seeds), seeds, "o", color=c, markersize=4)
-    mark = {True: " *", False: "", None: ""}[r.significant]
-    ax.annotate(f"{r.delta_pct:+.2f}%{mark}", (x, 0), textcoords="offset points",
-                xytext=(0, 4), ha="center", fontsize=8)
-  ax.axhline(0.0, color="C0", linewidth=1)
-  ax.set_xticks(xs, [r.format for r in rows], rotation=20)
-  ax.set_ylabel("Δ validation loss vs bf16 (%)")
-  ax.set_title("Δ: mean (bar), ±2 SE (whiskers), seeds (dots); * beyond 2 SE", fontsize=9)
-  ax.grid(alpha=0.3, axis="y")
+  cs = [colors.get(r.format, f"C{(i + 1) % 10}") for i, r in enumerate(rows)]
+  ax.barh(ys, means, 0.6, xerr=whiskers if seeds > 1 and any(whiskers) else None, capsize=4,
+          color=cs, alpha=0.6)
+  finite = means[np.isfinite(means)]
+  span = float(np.max(np.abs(finite))) if finite.size else 1.0
+  for y, r, c, m in zip(ys, rows, cs, means):
+    if seeds > 1:
+      ax.plot([run.delta_pct for run in r.runs if run.delta_pct is not None],
+              [y] * len([run for run in r.runs if run.delta_pct is not None]), "o", color=c,
+              markersize=4)
+    if not math.isfinite(m):
+      continue
+    reach = max(abs(m) + 2 * (r.delta_pct_se or 0.0), 0.0) if seeds > 1 else abs(m)
+    mark = " *" if r.significant else ""
+    ax.annotate(f"{m:+.2f}%{mark}", (math.copysign(reach, m) if m else 0.0, y),
+                textcoords="offset points", xytext=(5 if m >= 0 else -5, 0),
+                ha="left" if m >= 0 else "right", va="center", fontsize=8)
+  ax.axvline(0.0, color="black", linewidth=1)
+  ax.set_yticks(ys, [r.format for r in rows])
+  lo = min(0.0, float(np.min(finite)) if finite.size else 0.0)
+  ax.set_xlim(lo - 0.3 * span if lo < 0 else -0.02 * span, 1.3 * span if span else 1.0)
+  ax.set_xlabel("Δ validation loss vs bf16 (%)")
+  if seeds > 1:
+    ax.set_title(f"Δ validation loss: mean of {seeds} seeds (bar),\n±2 SE (whiskers), seeds "
+                 "(dots); * beyond 2 SE", fontsize=9)
+  else:
+    ax.set_title("Δ validation loss, one seed (no error bars: --seeds N gives them;\n"
+                 "at this size ~0.1-0.2% is seed noise)", fontsize=9)
+  ax.grid(alpha=0.3, axis="x")
 
 
 def _bars(ax, rows: Sequence[Row]) -> None:

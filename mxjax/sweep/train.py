@@ -19,10 +19,10 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from mxjax import rules as rules_lib
-from mxjax import state as state_lib
-from mxjax.context import autocast, layer_rules
-from mxjax.recipes import Recipe
+from mxjax._src import rules as rules_lib
+from mxjax._src import state as state_lib
+from mxjax._src.context import autocast, layer_rules
+from mxjax._src.recipes import Recipe
 from mxjax.sweep import formats as formats_lib
 from mxjax.sweep import model as model_lib
 
@@ -113,7 +113,7 @@ class Treatment:
       applied to the kernels before every forward pass (weight-only rows), or None.
     rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
       first matching rule says None stays in high precision, for the recipe (applied with
-      `mxjax.context.layer_rules`: the model's layers are mxjax's own, and its attention
+      `mxjax._src.context.layer_rules`: the model's layers are mxjax's own, and its attention
       products stay in high precision, as TransformerEngine keeps them) and for
       `weight_quantizer` alike; () reaches every GEMM.
   """
@@ -123,7 +123,7 @@ class Treatment:
   rules: tuple = ()
 
   @classmethod
-  def for_gemms(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+  def for_gemms(cls, f: formats_lib.SweepRow, block_size: int = 32,
                 scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
     """Row `f`'s GEMM recipe (QAT, PTQ weights+acts); weight-only rows quantize the
     kernels instead."""
@@ -132,7 +132,7 @@ class Treatment:
     return cls(recipe=f.recipe(block_size, scale_mode), rules=rules)
 
   @classmethod
-  def weights_only(cls, f: formats_lib.SweepFormat, block_size: int = 32,
+  def weights_only(cls, f: formats_lib.SweepRow, block_size: int = 32,
                    scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
     """PTQ weights only: the kernels quantize-dequantized as row `f` stores them."""
     return cls(weight_quantizer=f.weight_quantizer(block_size, scale_mode), rules=rules)
@@ -216,10 +216,11 @@ class Runner:
     state, opt_state = self.state0, self.tx.init(params)
     curve, times = [], []
     start = time.perf_counter()
-    bar = tqdm(range(self.config.steps), desc=desc, disable=not progress, leave=True,
+    bar = tqdm(total=self.config.steps, desc=desc, disable=not progress, leave=True,
                dynamic_ncols=True)
+    bar.set_postfix_str("compiling")
     with self.treatment.context():
-      for i in bar:
+      for i in range(self.config.steps):
         batch = jnp.asarray(next(batches))
         t0 = time.perf_counter()
         key = (jax.random.fold_in(jax.random.key(self.config.seed + 7919), i)
@@ -228,6 +229,9 @@ class Runner:
         loss = float(loss)  # waits for the step
         times.append(time.perf_counter() - t0)
         curve.append(loss)
+        if i == 0:  # the first step compiled: the rate (and ETA) starts from here
+          bar.reset()
+        bar.update(1)
         if i % 10 == 0 or i == self.config.steps - 1:
           bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()

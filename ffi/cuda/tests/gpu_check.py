@@ -4,7 +4,10 @@
 
 1. mxjax_quantize / _2x / _dequantize on "CUDA" equal the CPU handlers byte for byte (the
    CPU kernels are checked against the oracle by tests/test_quantize_exact.py), on every
-   bf16 bit pattern and on random data of odd shapes, every format / mode / block / dtype.
+   bf16 bit pattern and on random data of odd shapes, every format / mode / block / dtype;
+   mxjax_fake_quantize on "CUDA" (called directly: mxjax.fake_quantize runs two kernels on
+   GPUs until the lead switches it) equals the CPU's fused kernel, every input and output
+   dtype, along the last axis and along a strided one.
 2. mxjax_swizzle_scales equals the 128x4 layout written in numpy.
 3. mxjax_mx_gemm (Blackwell only; elsewhere it must fail with "compute capability"):
    equals dequantize + f32 matmul up to accumulation order.
@@ -17,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax import _ffi
-from mxjax.quantize import dequantize, quantize, quantize_2x
+from mxjax._src import extension, formats
+from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x
 
 FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 CPU, GPU = jax.devices("cpu")[0], jax.devices("gpu")[0]
@@ -49,7 +52,8 @@ def check_quantize():
   cases = [(every_bf16, -1), (every_bf16, 0)]
   for dtype, (shape, axis) in itertools.product(
       (jnp.bfloat16, jnp.float16, jnp.float32),
-      (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((1,), 0))):
+      (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((1,), 0),
+       ((64, 256), 0), ((2, 96, 48), 1), ((70, 128), 0))):
     cases.append((inputs(shape, dtype, len(cases)), axis))
   for (x, axis), fmt, mode, block in itertools.product(
       cases, FORMATS, ("rceil", "floor"), (16, 32, 64)):
@@ -70,6 +74,34 @@ def check_quantize():
   print("quantize / quantize_2x / dequantize: CUDA == CPU")
 
 
+def cuda_fake_quantize(x, fmt, mode, block, axis, dtype):
+  """mxjax_fake_quantize on the GPU, called directly (x on the GPU)."""
+  extension.load()
+  call = jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(x.shape, dtype))
+  return call(x, format=np.int32(formats.element_format(fmt).ffi_id),
+              scale_mode=np.int32(formats.scale_mode(mode).ffi_id),
+              block_size=np.int64(block), axis=np.int64(axis % x.ndim))
+
+
+def check_fake_quantize():
+  every_bf16 = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(jnp.bfloat16).reshape(-1, 64))
+  cases = [(every_bf16, -1), (every_bf16, 0), (every_bf16.reshape(64, -1), 0)]
+  for dtype, (shape, axis) in itertools.product(
+      (jnp.bfloat16, jnp.float16, jnp.float32),
+      (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((64, 256), 0),
+       ((1,), 0), ((2, 96, 48), 1))):
+    cases.append((inputs(shape, dtype, 1000 + len(cases)), axis))
+  for (x, axis), fmt, mode, block, out in itertools.product(
+      cases, FORMATS, ("rceil", "floor"), (16, 32, 64), (jnp.bfloat16, jnp.float16, jnp.float32)):
+    want = fake_quantize(jax.device_put(x, CPU), fmt, axis=axis, block_size=block,
+                         scale_mode=mode, dtype=out)
+    got = jax.jit(cuda_fake_quantize, static_argnums=(1, 2, 3, 4, 5))(
+        jax.device_put(x, GPU), fmt, mode, block, axis, out)
+    same(got, want, f"fake_quantize {fmt} {mode} B={block} {x.dtype}->{jnp.dtype(out).name} "
+         f"{x.shape} axis={axis}")
+  print("fake_quantize: CUDA == CPU")
+
+
 def swizzle_reference(s):
   rows, cols = s.shape
   rp, cp = -(-rows // 128) * 128, -(-cols // 4) * 4
@@ -79,7 +111,7 @@ def swizzle_reference(s):
 
 
 def check_swizzle():
-  _ffi.load()
+  extension.load()
   for rows, cols in ((1, 1), (128, 4), (300, 9), (1024, 224)):
     s = np.random.default_rng(rows).integers(0, 255, (rows, cols), dtype=np.uint8)
     out = jax.ShapeDtypeStruct((swizzle_reference(s).size,), jnp.uint8)
@@ -89,7 +121,7 @@ def check_swizzle():
 
 
 def check_gemm():
-  _ffi.load()
+  extension.load()
   m, n, k = 256, 384, 512
   rng = np.random.default_rng(0)
   a = quantize(jax.device_put(rng.standard_normal((m, k), np.float32), GPU), "e4m3")
@@ -113,4 +145,5 @@ def check_gemm():
 if __name__ == "__main__":
   check_swizzle()
   check_quantize()
+  check_fake_quantize()
   check_gemm()

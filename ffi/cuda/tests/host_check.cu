@@ -1,19 +1,28 @@
 // Host-side check of the CUDA kernels' per-thread code, no GPU needed: every kernel body is a
 // __host__ __device__ function, so this program runs each launch's threads one after another
-// on the CPU (shuffle reductions and shared-memory staging emulated in plain loops) and
-// compares the bytes with the CPU kernels of ffi/include/mxjax/quantize.h, for every format,
-// input dtype, block size and scale mode, on odd shapes and special values; it also checks
+// on the CPU (shuffle reductions emulated: the L lanes of a block load, their amax is reduced,
+// then each stores) and compares the bytes with the CPU kernels of
+// ffi/include/mxjax/quantize.h, for every format, input / output dtype, block size, scale
+// mode and kernel variant (rows: 1, 2 or 4 lanes per block; column tiles of 1..16 columns;
+// quantize_2x register tiles and the shared-memory fallback), on odd shapes, every bf16 bit
+// pattern and special values (Inf / NaN / -0 / subnormals / extreme scales); it also checks
 // the 128x4 scale swizzle against its definition. What it cannot see: warp shuffles, the
-// 16-byte vector paths, __syncthreads, launch configuration (the GPU oracle tests do).
+// 16-byte vector instructions, __syncthreads, launch configuration, and the device-only
+// instructions of Enc::kCvt and of f16 widening (the GPU checks do: gpu_check.py,
+// bench_kernels.cu).
 //
 //   J=$(python -c "import jax; print(jax.ffi.include_dir())")
-//   nvcc -std=c++17 -Iffi -Iffi/include -isystem $J -diag-suppress 940,2473 \
-//     ffi/cuda/tests/host_check.cu -o /tmp/host_check && /tmp/host_check
+//   nvcc -std=c++17 -O2 -Iffi -Iffi/include -isystem $J ffi/cuda/tests/host_check.cu \
+//     -o /tmp/host_check && /tmp/host_check
+#include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "cuda/dequantize.cu"
+#include "cuda/fake_quantize.cu"
 #include "cuda/quantize.cu"
 #include "cuda/quantize_2x.cu"
 #include "cuda/scale_swizzle.h"
@@ -21,148 +30,333 @@
 namespace mxjax::cuda {
 namespace {
 
-int failures = 0;
+int failures = 0, checks = 0;
+
+template <class V>
+std::vector<uint8_t> bytes(const std::vector<V>& v) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(v.data());
+  return std::vector<uint8_t>(p, p + v.size() * sizeof(V));
+}
 
 void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
-                  const char* what, int fmt, int dtype, int block, int mode, int64_t a, int64_t b,
+                  const std::string& what, int fmt, int block, int mode, int64_t a, int64_t b,
                   int64_t c) {
+  ++checks;
   if (got == want) return;
   size_t i = 0;
   while (got[i] == want[i]) ++i;
-  if (++failures <= 20) {
-    std::printf("FAIL %s fmt=%d dtype=%d block=%d mode=%d shape=(%lld,%lld,%lld) byte %zu: "
-                "got %02x want %02x\n", what, fmt, dtype, block, mode, (long long)a, (long long)b,
+  if (++failures <= 30 || std::getenv("HOST_CHECK_ALL")) {
+    std::printf("FAIL %s fmt=%d block=%d mode=%d shape=(%lld,%lld,%lld) byte %zu: got %02x want "
+                "%02x\n", what.c_str(), fmt, block, mode, (long long)a, (long long)b,
                 (long long)c, i, got[i], want[i]);
   }
 }
 
-// Random f32 bit patterns by blocks: mixed magnitudes, zeros, -0, subnormals, and now and
-// then Inf / NaN, narrowed to the input type.
+// Random f32 bit patterns in runs of 16 sharing a magnitude (sometimes extreme: all
+// subnormal, near the f32 max, around the element's subnormals), with zeros, -0, f32
+// subnormals, Inf and NaN mixed in; narrowed to the input type.
 template <class In>
 std::vector<typename In::T> inputs(int64_t count, std::mt19937& rng) {
   std::vector<typename In::T> x(count);
   std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int> kind(0, 99), shift(-30, 30);
+  std::uniform_int_distribution<int> kind(0, 99), shift(-30, 30), extreme(0, 9);
   std::uniform_int_distribution<uint32_t> any;
   int block_shift = 0;
   for (int64_t i = 0; i < count; ++i) {
-    if (i % 16 == 0) block_shift = shift(rng);
+    if (i % 16 == 0) {
+      block_shift = shift(rng);
+      switch (extreme(rng)) {
+        case 0: block_shift = -140; break;  // f32 subnormals (e clamped at -127)
+        case 1: block_shift = 120; break;   // near the f32 max
+        case 2: block_shift = -128; break;
+        default: break;
+      }
+    }
     int k = kind(rng);
     uint32_t b = as_bits(std::ldexp(normal(rng), block_shift));
     if (k < 5) b = 0;
     else if (k < 8) b = 0x80000000u;
-    else if (k < 12) b = any(rng) & 0x807FFFFFu;  // f32 subnormal
-    else if (k < 13) b = (any(rng) & 0x80000000u) | kF32Inf;
-    else if (k < 14) b = kF32QNaN | (any(rng) & 0x80000000u);
-    else if (k < 16) b = any(rng);
+    else if (k < 11) b = any(rng) & 0x807FFFFFu;  // f32 subnormal
+    else if (k < 12) b = (any(rng) & 0x80000000u) | kF32Inf;
+    else if (k < 13) b = kF32QNaN | (any(rng) & 0x80000000u);
+    else if (k < 15) b = any(rng);
+    else if (k < 20) b = as_bits(std::ldexp(normal(rng), block_shift - 12));  // element subnormals
     x[i] = In::narrow(b);
   }
   return x;
 }
 
-template <class F, class In>
-void check_quantize(int64_t outer, int64_t n, int64_t inner, int block, int mode,
-                    std::mt19937& rng) {
-  auto x = inputs<In>(outer * n * inner, rng);
-  const int64_t nb = cdiv(n, block), storage = cdiv(n, F::group_codes) * F::group_bytes;
-  std::vector<uint8_t> data(outer * storage * inner, 0xAB), scales(outer * nb * inner, 0xAB);
-  std::vector<uint8_t> want_data = data, want_scales = scales;
-  QuantizeArgs<F, In> a{x.data(), outer, n, inner, block, mode, false, data.data(),
-                        scales.data()};
-  if (inner == 1) {
-    for (int64_t b = 0; b < outer * nb; ++b) {  // one block's lanes, then its shuffle reduction
-      std::vector<std::array<uint32_t, kVec<In>>> u(a.lanes());
-      uint32_t amax = 0;
-      for (int q = 0; q < a.lanes(); ++q) {
-        uint32_t(&uq)[kVec<In>] = *reinterpret_cast<uint32_t(*)[kVec<In>]>(u[q].data());
-        amax = umax(amax, rows_load(a, b * a.lanes() + q, uq));
-      }
-      for (int q = 0; q < a.lanes(); ++q) {
-        rows_store(a, b * a.lanes() + q, *reinterpret_cast<uint32_t(*)[kVec<In>]>(u[q].data()),
-                   amax);
-      }
-    }
-    for (int64_t r = 0; r < outer; ++r) {
-      quantize_row<F, In>(x.data() + r * n, n, 0, nb, block, mode,
-                          want_data.data() + r * storage, want_scales.data() + r * nb);
-    }
-  } else {
-    for (int64_t t = 0; t < outer * nb * inner; ++t) quantize_col_block(a, t);
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t j = 0; j < nb; ++j) {
-        quantize_cols<F, In>(x.data() + (o * n + j * block) * inner, inner,
-                             int(min64(block, n - j * block)), 0, inner, block, mode,
-                             want_data.data() + (o * storage + j * block_storage<F>(block)) * inner,
-                             want_scales.data() + (o * nb + j) * inner);
-      }
-    }
-  }
-  expect_equal(scales, want_scales, "quantize scales", F::id, sizeof(typename In::T), block, mode,
-               outer, n, inner);
-  expect_equal(data, want_data, "quantize data", F::id, sizeof(typename In::T), block, mode,
-               outer, n, inner);
+// All 65,536 bf16 bit patterns in the input type (f16 / f32: their nearest values).
+template <class In>
+std::vector<typename In::T> every_bf16() {
+  std::vector<typename In::T> x(1 << 16);
+  for (uint32_t h = 0; h < (1u << 16); ++h) x[h] = In::narrow(h << 16);
+  return x;
+}
 
-  // Dequantize what the CPU made, to each output type of In's width.
-  std::vector<typename In::T> out(outer * n * inner), want_out(outer * n * inner);
-  DequantizeArgs<F, In> d{want_data.data(), want_scales.data(), outer, n, inner, block,
-                          out.data()};
-  for (int64_t t = 0; t < outer * d.chunks() * inner; ++t) dequantize_chunk(d, t);
+// ---- CPU references (quantize.h) ----
+
+template <class F, class In>
+void cpu_quantize(const std::vector<typename In::T>& x, int64_t outer, int64_t n, int64_t inner,
+                  int block, int mode, std::vector<uint8_t>& data, std::vector<uint8_t>& scales) {
+  const int64_t nb = cdiv(n, block), storage = cdiv(n, F::group_codes) * F::group_bytes;
+  data.assign(outer * storage * inner, 0xAB);
+  scales.assign(outer * nb * inner, 0xAB);
   for (int64_t o = 0; o < outer; ++o) {
     if (inner == 1) {
-      dequantize_row<F, In>(want_data.data() + o * storage, want_scales.data() + o * nb, n, 0, nb,
-                            block, want_out.data() + o * n);
+      quantize_row<F, In>(x.data() + o * n, n, 0, nb, block, mode, data.data() + o * storage,
+                          scales.data() + o * nb);
       continue;
     }
     for (int64_t j = 0; j < nb; ++j) {
-      dequantize_cols<F, In>(want_data.data() + (o * storage + j * block_storage<F>(block)) * inner,
-                             want_scales.data() + (o * nb + j) * inner, inner,
-                             int(min64(block, n - j * block)), 0, inner,
-                             want_out.data() + (o * n + j * block) * inner);
+      quantize_cols<F, In>(x.data() + (o * n + j * block) * inner, inner,
+                           int(min64(block, n - j * block)), 0, inner, block, mode,
+                           data.data() + (o * storage + j * block_storage<F>(block)) * inner,
+                           scales.data() + (o * nb + j) * inner);
     }
   }
-  auto bytes = [](const std::vector<typename In::T>& v) {
-    const uint8_t* p = reinterpret_cast<const uint8_t*>(v.data());
-    return std::vector<uint8_t>(p, p + v.size() * sizeof(typename In::T));
-  };
-  expect_equal(bytes(out), bytes(want_out), "dequantize", F::id, sizeof(typename In::T), block,
-               mode, outer, n, inner);
 }
 
-template <class F, class In>
-void check_quantize_2x(int64_t batch, int64_t m, int64_t k, int block, int mode,
-                       std::mt19937& rng) {
-  auto x = inputs<In>(batch * m * k, rng);
+template <class F, class Out>
+std::vector<typename Out::T> cpu_dequantize(const std::vector<uint8_t>& data,
+                                            const std::vector<uint8_t>& scales, int64_t outer,
+                                            int64_t n, int64_t inner, int block) {
+  const int64_t nb = cdiv(n, block), storage = cdiv(n, F::group_codes) * F::group_bytes;
+  std::vector<typename Out::T> out(outer * n * inner);
+  for (int64_t o = 0; o < outer; ++o) {
+    if (inner == 1) {
+      dequantize_row<F, Out>(data.data() + o * storage, scales.data() + o * nb, n, 0, nb, block,
+                             out.data() + o * n);
+      continue;
+    }
+    for (int64_t j = 0; j < nb; ++j) {
+      dequantize_cols<F, Out>(data.data() + (o * storage + j * block_storage<F>(block)) * inner,
+                              scales.data() + (o * nb + j) * inner, inner,
+                              int(min64(block, n - j * block)), 0, inner,
+                              out.data() + (o * n + j * block) * inner);
+    }
+  }
+  return out;
+}
+
+// ---- quantize ----
+
+// Rows, n % B == 0, L lanes per block.
+template <class F, class In, int B, int L, Enc E>
+void run_rows(const QuantizeArgs<In>& a) {
+  using P = RowPlan<F, In, B, L>;
+  const int64_t segs = a.outer * a.n / P::S;
+  for (int64_t b = 0; b < segs / L; ++b) {
+    std::array<std::array<uint32_t, P::kInWords>, L> w;
+    uint32_t amax = 0;
+    for (int q = 0; q < L; ++q) {
+      amax = umax(amax, rows_load<F, In, B, L>(
+                            a, b * L + q, segs,
+                            *reinterpret_cast<uint32_t(*)[P::kInWords]>(w[q].data())));
+    }
+    for (int q = 0; q < L; ++q) {
+      rows_store<F, In, B, L, E>(a, b * L + q,
+                                 *reinterpret_cast<uint32_t(*)[P::kInWords]>(w[q].data()), amax);
+    }
+  }
+}
+
+template <class F, class In, int B, int V, Enc E>
+void run_cols(const QuantizeArgs<In>& a) {
+  for (int64_t t = 0; t < a.outer * cdiv(a.n, B) * (a.inner / V); ++t) cols_tile<F, In, B, V, E>(a, t);
+}
+
+template <class F, class In, int B>
+void check_quantize(const std::vector<typename In::T>& x, int64_t outer, int64_t n,
+                    int64_t inner, int mode) {
+  std::vector<uint8_t> want_d, want_s;
+  cpu_quantize<F, In>(x, outer, n, inner, B, mode, want_d, want_s);
+  auto run = [&](const char* what, auto fn) {
+    std::vector<uint8_t> d(want_d.size(), 0xAB), s(want_s.size(), 0xAB);
+    QuantizeArgs<In> a{x.data(), outer, n, inner, mode, d.data(), s.data()};
+    fn(a);
+    const std::string tag = std::string("quantize ") + what + " in=" +
+                            std::to_string(sizeof(typename In::T));
+    expect_equal(s, want_s, tag + " scales", F::id, B, mode, outer, n, inner);
+    expect_equal(d, want_d, tag + " data", F::id, B, mode, outer, n, inner);
+  };
+  if (inner == 1) {
+    if (n % B == 0) {
+      run("rows L=1", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 1>(), Enc::kCodec>(a); });
+      run("rows L=2", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 2>(), Enc::kCodec>(a); });
+      run("rows L=4 cvt", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 4>(), Enc::kCvt>(a); });
+    }
+    run("rows generic", [](auto& a) {
+      for (int64_t i = 0; i < a.outer * cdiv(a.n, B); ++i) rows_generic_block<F, In>(a, B, i);
+    });
+    return;
+  }
+  run("cols V=1", [](auto& a) { run_cols<F, In, B, 1, Enc::kCodec>(a); });
+  constexpr int V2 = tile_cols<In, B, 128>(), V4 = tile_cols<In, B, 256>(), V8 = tile_cols<In, B, 512>();
+  if (inner % V2 == 0) run("cols 128B", [](auto& a) { run_cols<F, In, B, V2, Enc::kCodec>(a); });
+  if (inner % V4 == 0) run("cols 256B", [](auto& a) { run_cols<F, In, B, V4, Enc::kCodec>(a); });
+  if (inner % V8 == 0) run("cols 512B cvt", [](auto& a) { run_cols<F, In, B, V8, Enc::kCvt>(a); });
+}
+
+// ---- dequantize ----
+
+template <class F, class Out, int B>
+void check_dequantize(const std::vector<uint8_t>& data, const std::vector<uint8_t>& scales,
+                      int64_t outer, int64_t n, int64_t inner, int mode) {
+  const auto want = bytes(cpu_dequantize<F, Out>(data, scales, outer, n, inner, B));
+  auto run = [&](const char* what, auto fn) {
+    std::vector<typename Out::T> out(outer * n * inner, typename Out::T(0xABAB));
+    DequantizeArgs<F, Out> a{data.data(), scales.data(), outer, n, inner, B, out.data()};
+    fn(a);
+    expect_equal(bytes(out), want, std::string("dequantize ") + what + " out=" +
+                 std::to_string(sizeof(typename Out::T)), F::id, B, mode, outer, n, inner);
+  };
+  if (inner == 1) {
+    if (n % B == 0) {
+      run("rows", [](auto& a) {
+        for (int64_t t = 0; t < a.outer * a.n / DeqRowPlan<F, Out, B>::C; ++t) {
+          deq_rows_chunk<F, Out, B>(a, t);
+        }
+      });
+    }
+    run("generic", [](auto& a) {
+      for (int64_t t = 0; t < a.outer * a.chunks(); ++t) dequantize_chunk(a, t);
+    });
+    return;
+  }
+  auto cols = [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    if (inner % V != 0) return;
+    run(V == 1 ? "cols V=1" : V == 4 ? "cols V=4" : "cols V=16", [](auto& a) {
+      for (int64_t t = 0; t < a.outer * cdiv(a.n, 8) * (a.inner / V); ++t) {
+        deq_cols_tile<F, Out, B, V>(a, t);
+      }
+    });
+  };
+  cols(std::integral_constant<int, 1>{});
+  cols(std::integral_constant<int, 4>{});
+  cols(std::integral_constant<int, 16>{});
+}
+
+// ---- fake_quantize ----
+
+template <class F, class In, class Out, int B>
+void check_fake_quantize(const std::vector<typename In::T>& x, int64_t outer, int64_t n,
+                         int64_t inner, int mode) {
+  std::vector<uint8_t> d, s;
+  cpu_quantize<F, In>(x, outer, n, inner, B, mode, d, s);
+  const auto want = bytes(cpu_dequantize<F, Out>(d, s, outer, n, inner, B));
+  auto run = [&](const char* what, auto fn) {
+    std::vector<typename Out::T> out(outer * n * inner, typename Out::T(0xABAB));
+    FakeArgs<In, Out> a{x.data(), outer, n, inner, mode, out.data()};
+    fn(a);
+    expect_equal(bytes(out), want, std::string("fake_quantize ") + what + " in=" +
+                 std::to_string(sizeof(typename In::T)) + " out=" +
+                 std::to_string(sizeof(typename Out::T)), F::id, B, mode, outer, n, inner);
+  };
+  auto rows = [&](auto lc, auto ec) {
+    constexpr int L = fq_row_lanes<In, Out, B, decltype(lc)::value>();
+    constexpr Enc E = decltype(ec)::value;
+    run(L == 1 ? "rows L=1" : L == 2 ? "rows L=2" : "rows L=4", [](auto& a) {
+      using P = FqRowPlan<In, Out, B, L>;
+      const int64_t segs = a.outer * a.n / P::S;
+      for (int64_t b = 0; b < segs / L; ++b) {
+        uint32_t w[L][P::kInWords];
+        uint32_t amax = 0;
+        for (int q = 0; q < L; ++q) amax = umax(amax, fq_rows_load<In, Out, B, L>(a, b * L + q, segs, w[q]));
+        for (int q = 0; q < L; ++q) fq_rows_store<F, In, Out, B, L, E>(a, b * L + q, w[q], amax);
+      }
+    });
+  };
+  if (inner == 1) {
+    if (n % B == 0) {
+      rows(std::integral_constant<int, 1>{}, std::integral_constant<Enc, Enc::kCodec>{});
+      rows(std::integral_constant<int, 4>{}, std::integral_constant<Enc, Enc::kCvt>{});
+    }
+    run("rows generic", [](auto& a) {
+      for (int64_t i = 0; i < a.outer * cdiv(a.n, B); ++i) fq_rows_generic_block<F, In, Out>(a, B, i);
+    });
+    return;
+  }
+  auto cols = [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    if (inner % V != 0) return;
+    run("cols", [](auto& a) {
+      for (int64_t t = 0; t < a.outer * cdiv(a.n, B) * (a.inner / V); ++t) {
+        fq_cols_tile<F, In, Out, B, V, Enc::kCodec>(a, t);
+      }
+    });
+  };
+  cols(std::integral_constant<int, 1>{});
+  cols(std::integral_constant<int, tile_cols<In, B, 256>()>{});
+}
+
+// ---- quantize_2x ----
+
+template <class F, class In, int B, int kTileBytes>
+void run_2x_tiles(const std::vector<typename In::T>& x, const Problem2x& p) {
+  constexpr int V = tile_cols<In, B, kTileBytes>();
+  using P = Plan2x<F, In, B, V>;
+  if constexpr (P::ok) {
+    const int64_t tiles = p.batch * cdiv(p.m, B) * (p.k / V);
+    std::vector<Tile2x<F, In, B, V>> lanes(P::L);
+    for (int64_t t0 = 0; t0 < tiles; t0 += P::L) {
+      for (int q = 0; q < P::L; ++q) tile2x_load<F, In, B, V>(x.data(), p, t0 + q, tiles, lanes[q]);
+      for (int i = 0; i < B; ++i) {
+        uint32_t m = 0;
+        for (int q = 0; q < P::L; ++q) m = umax(m, lanes[q].row_amax[i]);
+        for (int q = 0; q < P::L; ++q) lanes[q].row_amax[i] = m;
+      }
+      for (int q = 0; q < P::L; ++q) tile2x_store<F, In, B, V, Enc::kCodec>(p, t0 + q, lanes[q]);
+    }
+  }
+}
+
+template <class F, class In, int B>
+void check_quantize_2x(const std::vector<typename In::T>& x, int64_t batch, int64_t m,
+                       int64_t k, int mode) {
   const int64_t rs = cdiv(k, F::group_codes) * F::group_bytes;
   const int64_t cs = cdiv(m, F::group_codes) * F::group_bytes;
-  std::vector<uint8_t> rd(batch * m * rs, 0xAB), rsc(batch * m * cdiv(k, block), 0xAB);
-  std::vector<uint8_t> cd(batch * cs * k, 0xAB), csc(batch * cdiv(m, block) * k, 0xAB);
-  Problem2x p{batch, m, k, block, mode, false, rd.data(), rsc.data(), cd.data(), csc.data()};
-  std::vector<uint32_t> tile(kTile * kLd);
-  for (int64_t id = 0; id < tile_count(p); ++id) {
-    TileOrigin o = tile_origin(p, id);
-    for (int c = 0; c < kTile * kTile / kVec<In>; ++c) stage_vector<In>(x.data(), p, o, c, tile.data());
-    for (int t = 0; t < 2 * kTile * (kTile / block); ++t) run_task<F>(p, o, t, tile.data());
-  }
-  // The 1x kernels (checked above against the CPU) along K and along M give the reference.
-  std::vector<uint8_t> wrd(rd.size(), 0xAB), wrsc(rsc.size(), 0xAB);
-  std::vector<uint8_t> wcd(cd.size(), 0xAB), wcsc(csc.size(), 0xAB);
+  // The CPU 1x kernels along K and along M give the reference.
+  std::vector<uint8_t> wrd(batch * m * rs, 0xAB), wrsc(batch * m * cdiv(k, B), 0xAB);
+  std::vector<uint8_t> wcd(batch * cs * k, 0xAB), wcsc(batch * cdiv(m, B) * k, 0xAB);
   for (int64_t b = 0; b < batch; ++b) {
     const typename In::T* xb = x.data() + b * m * k;
     for (int64_t r = 0; r < m; ++r) {
-      quantize_row<F, In>(xb + r * k, k, 0, cdiv(k, block), block, mode,
-                          wrd.data() + (b * m + r) * rs, wrsc.data() + (b * m + r) * cdiv(k, block));
+      quantize_row<F, In>(xb + r * k, k, 0, cdiv(k, B), B, mode, wrd.data() + (b * m + r) * rs,
+                          wrsc.data() + (b * m + r) * cdiv(k, B));
     }
-    for (int64_t j = 0; j < cdiv(m, block); ++j) {
-      quantize_cols<F, In>(xb + j * block * k, k, int(min64(block, m - j * block)), 0, k, block,
-                           mode, wcd.data() + (b * cs + j * block_storage<F>(block)) * k,
-                           wcsc.data() + (b * cdiv(m, block) + j) * k);
+    for (int64_t j = 0; j < cdiv(m, B); ++j) {
+      quantize_cols<F, In>(xb + j * B * k, k, int(min64(B, m - j * B)), 0, k, B, mode,
+                           wcd.data() + (b * cs + j * block_storage<F>(B)) * k,
+                           wcsc.data() + (b * cdiv(m, B) + j) * k);
     }
   }
-  const int w = sizeof(typename In::T);
-  expect_equal(rsc, wrsc, "2x row scales", F::id, w, block, mode, batch, m, k);
-  expect_equal(rd, wrd, "2x row data", F::id, w, block, mode, batch, m, k);
-  expect_equal(csc, wcsc, "2x col scales", F::id, w, block, mode, batch, m, k);
-  expect_equal(cd, wcd, "2x col data", F::id, w, block, mode, batch, m, k);
+  auto run = [&](const char* what, auto fn) {
+    std::vector<uint8_t> rd(wrd.size(), 0xAB), rsc(wrsc.size(), 0xAB);
+    std::vector<uint8_t> cd(wcd.size(), 0xAB), csc(wcsc.size(), 0xAB);
+    Problem2x p{batch, m, k, B, mode, false, rd.data(), rsc.data(), cd.data(), csc.data()};
+    fn(p);
+    const std::string tag = std::string("2x ") + what + " in=" + std::to_string(sizeof(typename In::T));
+    expect_equal(rsc, wrsc, tag + " row scales", F::id, B, mode, batch, m, k);
+    expect_equal(rd, wrd, tag + " row data", F::id, B, mode, batch, m, k);
+    expect_equal(csc, wcsc, tag + " col scales", F::id, B, mode, batch, m, k);
+    expect_equal(cd, wcd, tag + " col data", F::id, B, mode, batch, m, k);
+  };
+  run("smem", [&](Problem2x& p) {
+    std::vector<uint32_t> tile(kTile * kLd);
+    for (int64_t id = 0; id < tile_count(p); ++id) {
+      TileOrigin o = tile_origin(p, id);
+      for (int c = 0; c < kTile * kTile / kVec<In>; ++c) stage_vector<In>(x.data(), p, o, c, tile.data());
+      for (int t = 0; t < 2 * kTile * (kTile / B); ++t) run_task<F>(p, o, t, tile.data());
+    }
+  });
+  if (k % B == 0 && Plan2x<F, In, B, tile_cols<In, B, 256>()>::ok) {
+    run("tiles 256B", [&](Problem2x& p) { run_2x_tiles<F, In, B, 256>(x, p); });
+  }
+  if (k % B == 0 && Plan2x<F, In, B, tile_cols<In, B, 512>()>::ok) {
+    run("tiles 512B", [&](Problem2x& p) { run_2x_tiles<F, In, B, 512>(x, p); });
+  }
 }
 
 void check_swizzle() {
@@ -196,7 +390,9 @@ void each_case(Fn&& fn) {
     for (auto dt : {ffi::DataType::BF16, ffi::DataType::F16, ffi::DataType::F32}) {
       for (int block : {16, 32, 64}) {
         for (int mode : {0, 1}) {
-          dispatch(fmt, dt, [&](auto f, auto in) { fn(f, in, block, mode); });
+          dispatch(fmt, dt, [&](auto f, auto in) {
+            with_block(block, [&](auto bc) { fn(f, in, bc, mode); });
+          });
         }
       }
     }
@@ -210,17 +406,40 @@ int main() {
   using namespace mxjax::cuda;
   std::mt19937 rng(1234);
   check_swizzle();
-  each_case([&](auto f, auto in, int block, int mode) {
+  each_case([&](auto f, auto in, auto bc, int mode) {
     using F = decltype(f);
     using In = decltype(in);
-    for (int64_t n : {1, 5, 16, 33, 64, 100}) {
-      check_quantize<F, In>(3, n, 1, block, mode, rng);
-      check_quantize<F, In>(2, n, 7, block, mode, rng);
+    constexpr int B = decltype(bc)::value;
+    // [outer, n, inner]: rows (inner 1) with n a multiple of B or not; columns with inner a
+    // multiple of every tile width or odd.
+    const int64_t shapes[][3] = {{3, B, 1}, {2, 4 * B, 1}, {3, 5, 1}, {2, B + 17, 1},
+                                 {2, 33, 7}, {1, 2 * B + 5, 32}, {2, B, 16}, {1, 70, 48}};
+    for (const auto& sh : shapes) {
+      const auto x = inputs<In>(sh[0] * sh[1] * sh[2], rng);
+      check_quantize<F, In, B>(x, sh[0], sh[1], sh[2], mode);
+      std::vector<uint8_t> d, s;
+      cpu_quantize<F, In>(x, sh[0], sh[1], sh[2], B, mode, d, s);
+      check_dequantize<F, BF16, B>(d, s, sh[0], sh[1], sh[2], mode);
+      check_dequantize<F, F16, B>(d, s, sh[0], sh[1], sh[2], mode);
+      check_dequantize<F, F32, B>(d, s, sh[0], sh[1], sh[2], mode);
+      check_fake_quantize<F, In, BF16, B>(x, sh[0], sh[1], sh[2], mode);
+      check_fake_quantize<F, In, F16, B>(x, sh[0], sh[1], sh[2], mode);
+      check_fake_quantize<F, In, F32, B>(x, sh[0], sh[1], sh[2], mode);
     }
+    // Every bf16 bit pattern, along rows and along columns.
+    const auto all = every_bf16<In>();
+    check_quantize<F, In, B>(all, 1024, 64, 1, mode);
+    check_quantize<F, In, B>(all, 1, 64, 1024, mode);
+    check_fake_quantize<F, In, BF16, B>(all, 1024, 64, 1, mode);
+    check_fake_quantize<F, In, F32, B>(all, 1, 64, 1024, mode);
     for (int64_t m : {1, 17, 70}) {
-      for (int64_t k : {3, 64, 130}) check_quantize_2x<F, In>(2, m, k, block, mode, rng);
+      for (int64_t k : std::array<int64_t, 4>{3, B, 130, 4 * B}) {
+        check_quantize_2x<F, In, B>(inputs<In>(2 * m * k, rng), 2, m, k, mode);
+      }
     }
+    check_quantize_2x<F, In, B>(all, 1, 256, 256, mode);
   });
-  std::printf(failures ? "host_check: %d FAILURES\n" : "host_check: all passed\n", failures);
+  std::printf(failures ? "host_check: %d FAILURES of %d checks\n" : "host_check: all passed (%d checks)\n",
+              failures ? failures : checks, checks);
   return failures != 0;
 }

@@ -92,6 +92,17 @@ MXJAX_HD uint32_t round_to_grid_sr(Sig v, int32_t emin, int32_t man_bits, uint32
 // quantum is far larger). The kernels check that per block (normal_f32 / fast_decode)
 // and run the Sig functions otherwise.
 
+// x * y rounded to f32 by itself. On the device a plain multiply may be contracted with a
+// later add into one FMA (nvcc's default -fmad=true; block_encode_f32's product feeds
+// encode_magnitude's add), which would round once instead of twice; __fmul_rn never is.
+MXJAX_HD float mul_rn(float x, float y) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(x, y);
+#else
+  return x * y;
+#endif
+}
+
 // Whether a Sig is zero or a normal f32.
 MXJAX_HD bool normal_f32(Sig v) { return v.sig == 0 || (v.exp + 23 >= -126 && v.exp + 23 <= 127); }
 
@@ -102,7 +113,7 @@ MXJAX_HD float f32_value(Sig v) {
 // The code of f32 bits x times the normal f32 m (as block_encode).
 template <class F, bool kStochastic>
 MXJAX_HD uint32_t block_encode_f32(uint32_t x, float m, uint32_t rand) {
-  uint32_t v = as_bits(as_float(x & kF32Abs) * m);
+  uint32_t v = as_bits(mul_rn(as_float(x & kF32Abs), m));
   uint32_t mag;
   if (kStochastic) {
     Sig s{v < 0x00800000u ? 0u : (v & 0x7FFFFFu) | 0x800000u, int32_t(v >> 23) - 150};
@@ -141,13 +152,19 @@ MXJAX_HD uint32_t grid_value_bits(uint32_t code) {
 }
 
 // Whether every nonzero code times d (divided by ts, nonzero) is a normal f32 product of
-// normal f32s, so block_decode's value is one f32 multiply (and divide).
+// normal f32s, so block_decode's value is one f32 multiply (and divide). With ts, the
+// product must not overflow either (its quotient may be finite), and ts must be a normal
+// f32 even where d is zero (the divide then keeps the sign of a zero).
 template <class F>
 MXJAX_HD bool fast_decode(Sig d, Sig ts) {
+  if (!normal_f32(ts)) return false;
   if (d.sig == 0) return true;
   int32_t low = d.exp + 23 + F::emin - F::man_bits;  // exponent of the smallest product
+  // Every code (past max too) is below 2^(e + 1), e: the top exponent field's exponent, and
+  // d below 2^(d.exp + 24): every product, rounded, is at most 2^high.
+  const int32_t high = d.exp + 24 + ((1 << F::exp_bits) - 1 - F::bias) + 1;
   if (ts.sig != 0) low -= ts.exp + 23 + 1;
-  return normal_f32(d) && normal_f32(ts) && low >= -126;
+  return normal_f32(d) && low >= -126 && (ts.sig == 0 || high <= 127);
 }
 
 // f32 bits of a Sig: nearest even with subnormals, Inf past FLT_MAX.

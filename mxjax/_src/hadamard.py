@@ -1,0 +1,50 @@
+"""The random Hadamard transform (RHT) of a GEMM's operands along their contraction.
+
+Applied to both operands along the axis they contract, an orthogonal transform leaves the
+product unchanged in exact arithmetic while it spreads outliers across each block, so a
+block-scaled format loses less of them (NVFP4's weight gradient, as TransformerEngine).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mxjax._src.codec import merge_axis, pad_axis, split_axis
+
+
+def hadamard(n: int) -> np.ndarray:
+  """The n x n Sylvester Hadamard matrix (n a power of two), entries +-1."""
+  if n < 1 or n & (n - 1):
+    raise ValueError(f"the Hadamard size must be a power of two, got {n}")
+  h = np.ones((1, 1), np.float32)
+  while h.shape[0] < n:
+    h = np.block([[h, h], [h, -h]])
+  return h
+
+
+def rht_signs(seed: int, name: str, n: int) -> np.ndarray:
+  """The random signs (+-1, float32[n]) of one GEMM's transform: fixed by `seed` and the
+  GEMM's name."""
+  rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+  return np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32)
+
+
+def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
+  """`x` with a block Hadamard transform along `axis`: each run of n = len(signs)
+  elements times `H diag(signs) / sqrt(n)` (orthogonal), in f32; the axis is zero padded
+  to a multiple of n (the padding stays). Applying it to both operands along their
+  contraction leaves the product unchanged in exact arithmetic."""
+  n = len(signs)
+  axis = axis % x.ndim
+  x = x.astype(jnp.float32)
+  length = -(-x.shape[axis] // n) * n
+  blocks = split_axis(pad_axis(x, axis, length), axis, n)
+  mat = jnp.asarray(hadamard(n) * signs[None, :] / np.sqrt(np.float32(n)), jnp.float32)
+  out = jnp.moveaxis(jnp.tensordot(blocks, mat, axes=([axis + 1], [1]),
+                                   precision=lax.Precision.HIGHEST), -1, axis + 1)
+  return merge_axis(out, axis)

@@ -1,0 +1,59 @@
+"""The random bits of stochastic rounding: a counter on the global element index.
+
+`random_bits(seed, shape)` hashes each element's row-major index in the whole (global)
+array with the seed, so any sharding of the result, on any mesh, gives the same bits:
+a training step rounds the same way on one device and on many.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_U32 = jnp.uint32
+
+MISSING_KEY = (
+    "{where}: stochastic rounding (recipe {recipe}) needs a random key for the backward "
+    "pass. Linen: apply the model with rngs={{'mx': key}} (a new key each step, e.g. "
+    "jax.random.fold_in(key, step)); mxjax.nnx modules: give them an nnx.Rngs with an 'mx' "
+    "stream; mxjax.quantized(fn) and mxjax.nnx.quantize(model): call them with mx_rng=key; "
+    "mxjax.dot_general / einsum / ragged_dot: pass rng=key. Or turn stochastic rounding off.")
+
+
+def _mix(h):
+  """A 32-bit integer hash (lowbias32: xor-shift-multiply)."""
+  h = h ^ jnp.right_shift(h, _U32(16))
+  h = h * _U32(0x7FEB352D)
+  h = h ^ jnp.right_shift(h, _U32(15))
+  h = h * _U32(0x846CA68B)
+  return h ^ jnp.right_shift(h, _U32(16))
+
+
+def random_bits(seed, shape) -> jax.Array:
+  """uint32 bits of `shape` from a counter on the global (row-major) element index:
+  `mix(mix(index * golden ^ seed[0]) ^ seed[1])`. `seed` is uint32[2] (e.g.
+  `jax.random.key_data(key)`); the bits depend on the index only, so any sharding of the
+  result (any mesh) gives the same values. Indices wrap at 2**32 elements."""
+  seed = jnp.asarray(seed).astype(_U32).reshape(-1)
+  idx = jnp.zeros(shape, _U32)
+  stride = 1
+  for d in reversed(range(len(shape))):
+    idx = idx + lax.broadcasted_iota(_U32, shape, d) * _U32(stride % 2 ** 32)
+    stride *= shape[d]
+  return _mix(_mix(idx * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
+
+
+def seed_of(key) -> jax.Array:
+  """uint32[2] from a JAX key (typed or raw); zeros for None."""
+  if key is None:
+    return jnp.zeros((2,), _U32)
+  if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return jnp.asarray(key).astype(_U32).reshape(-1)[-2:]
+
+
+def stream(seed, i: int) -> jax.Array:
+  """The seed of stream `i` (one per quantized copy) of a product's seed."""
+  return seed ^ jnp.asarray([0x9E3779B9 * (i + 1) % 2 ** 32, 0x85EBCA6B * (i + 1) % 2 ** 32],
+                            _U32)
