@@ -55,7 +55,7 @@ from timing import cpu_model, interleaved_medians, interleaved_times  # noqa: E4
 
 import mxjax  # noqa: E402
 from mxjax import reference  # noqa: E402
-from mxjax._src import backend, extension, formats  # noqa: E402
+from mxjax._src import backend, extension, formats, ops as ops_lib  # noqa: E402
 from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x  # noqa: E402
 
 
@@ -189,7 +189,8 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
   the XLA path quantizes twice), dequantize and fake_quantize (the GEMM's operand, bf16
   out). Each prints its time and the bytes it moves per second as a fraction of the
   copy's: the bf16 input, the packed codes, the scales, bf16 outputs. NVFP4's quantize and
-  fake_quantize include the tensor scale's amax (its own pass over x, "amax").
+  fake_quantize include the tensor scale's amax (its own pass over x: "amax", the
+  mxjax_tensor_amax kernel against the XLA reduction it replaces).
   """
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
@@ -217,19 +218,16 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
       ops["col"] = (lambda x, a, bf=bf: quantize(x, bf, axis=0), 2 * n + code_bytes + scale_bytes)
       ops["2x"] = (lambda x, a, bf=bf: quantize_2x(x, bf), 2 * n + 2 * (code_bytes + scale_bytes))
     if bf.tensor_scale:
-      ops["amax"] = (lambda x, a: jnp.max(jnp.abs(x)), 2 * n)
+      ops["amax"] = (lambda x, a: ops_lib.tensor_amax(x), 2 * n)
     fns = {"copy": copy}
     for op, (f, _) in ops.items():
-      fns[op] = compiled_under("ffi" if op != "amax" else "xla", f, x, a)
-      if op != "amax":
-        fns[f"xla_{op}"] = compiled_under("xla", f, x, a)
+      fns[op] = compiled_under("ffi", f, x, a)
+      fns[f"xla_{op}"] = compiled_under("xla", f, x, a)
     t = interleaved_times(fns, reps=reps)
     for op, (_, moved) in ops.items():
       frac = ratio(t["copy"], t[op], moved / copy_bytes)
-      xla = ""
-      if op != "amax":
-        base = min(t[f"xla_{op}"])
-        xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
+      base = min(t[f"xla_{op}"])
+      xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
       print(f"{str(bf):28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
             f"{frac:>18} {xla}", flush=True)
     best_copy = min(t["copy"])

@@ -12,6 +12,8 @@ quantized whole), and no derivative (see `fake_quantize` for a straight-through 
 
 Every kernel writes and reads the codes as MXArray holds them: packed along the quantized
 axis (2-D tiles: the last axis), the element format's `storage_length` entries along it.
+NVFP4's tensor scale comes from `tensor_amax` (the mxjax_tensor_amax kernel per shard,
+then the max over the shards).
 """
 
 from __future__ import annotations
@@ -330,11 +332,33 @@ def _check_format(x, fmt: BlockFormat, what: str) -> None:
                      f"need an array of rank >= 2; got shape {x.shape}")
 
 
+def _amax_local(x):
+  """x's amax (or its shard's): the mxjax_tensor_amax kernel where in use, XLA elsewhere."""
+
+  def ffi(x):
+    amax = jax.ffi.ffi_call("mxjax_tensor_amax", jax.ShapeDtypeStruct((1,), jnp.uint32))(x)
+    return jnp.reshape(amax, ())
+
+  return per_platform("mxjax_tensor_amax", ffi, codec.tensor_amax, x)
+
+
+@functools.lru_cache(maxsize=None)
+def _amax_op():
+  return _op(sharding.max_over_shards(_amax_local), "mxjax's tensor amax",
+             lambda in_batched, x: jax.vmap(codec.tensor_amax)(x))
+
+
+def tensor_amax(x) -> jax.Array:
+  """uint32 scalar: the f32 bits of max |x| over x's finite elements (0 for none), each
+  shard's on a mesh (Auto or Explicit axes), then the max over the shards."""
+  return jnp.zeros((), jnp.uint32) if x.size == 0 else _amax_op()(x)
+
+
 def tensor_scale(x, fmt: BlockFormat):
   """The f32 tensor scale of `x` for `fmt` (None for formats without one)."""
   if not fmt.tensor_scale:
     return None
-  return codec.tensor_scale(codec.tensor_amax(x), fmt)
+  return codec.tensor_scale(tensor_amax(x), fmt)
 
 
 def rand_bits(rng, shape):

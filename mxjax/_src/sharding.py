@@ -12,6 +12,9 @@
   runs under `jax.shard_map` over the axes the operand's type names, with specs read from
   it, so the results carry the operand's sharding in their types (also under `vmap`).
 
+`max_over_shards` gives a reduction to a scalar (the tensor amax) the same two kinds of
+rules: each device reduces its own shard, then one `lax.pmax` over the sharded axes.
+
 `leaf_specs` says how each array of an MXArray (or a pair) is stored when its tensor is
 sharded as a PartitionSpec names (Flax's kernel annotations).
 
@@ -245,9 +248,7 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
     names = {name for entry in pspec for name in axis_names(entry)}
     if not names:
       return op(*operands)
-    auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
-                    for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
-    return jax.shard_map(op if auto_left else call, mesh=mesh, in_specs=specs,
+    return jax.shard_map(op if _auto_left(mesh, names) else call, mesh=mesh, in_specs=specs,
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
 
@@ -260,6 +261,51 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
       if pair_spec == pspec:
         results[2 * j:2 * j + 2] = outs[2 * j:2 * j + 2]
   return tuple(results)
+
+
+def _auto_left(mesh, names) -> bool:
+  """Whether `mesh` has Auto axes (of more than one device) besides `names`: a call under
+  `jax.shard_map` over `names` then still needs its Shardy rule for them."""
+  return any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
+             for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
+
+
+# ---------------------------------------------------------------------------------------
+# Reductions to a scalar: each shard's, then the max over the shards.
+
+
+def max_over_shards(local: Callable) -> Callable:
+  """`local` (x -> a uint32 scalar that a max over parts of x gives, as the amax) with
+  sharding rules for Auto and Explicit axes: each device reduces its own shard, then one
+  `lax.pmax` over the mesh axes x is sharded over (an all-reduce of a scalar)."""
+
+  def pmaxed(fn, spec):
+    names = tuple(name for entry in spec for name in axis_names(entry))
+    return (lambda x: jax.lax.pmax(fn(x), names)) if names else fn
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    ndim = len(arg_shapes[0].shape)
+    spec = spec_over_mesh(arg_shapes[0].sharding, mesh, ndim) or (None,) * ndim
+    return (mesh, pmaxed(local, spec), NamedSharding(mesh, PartitionSpec()),
+            (NamedSharding(mesh, PartitionSpec(*spec)),))
+
+  op = custom_partitioning(local)
+  op.def_partition(partition=partition, decode_shardings=False,
+                   sharding_rule=lambda mesh, operands, results: " ".join(
+                       f"d{i}" for i in range(len(operands[0].shape))) + " ->")
+
+  def run(x):
+    spec = typed_spec(x)
+    if spec is None:  # no Explicit axis in x's type: the rule above applies
+      return op(x)
+    mesh = jax.typeof(x).sharding.mesh
+    names = {name for entry in spec for name in axis_names(entry)}
+    return jax.shard_map(pmaxed(op if _auto_left(mesh, names) else local, spec), mesh=mesh,
+                         in_specs=PartitionSpec(*spec), out_specs=PartitionSpec(),
+                         axis_names=names)(x)
+
+  return run
 
 
 # ---------------------------------------------------------------------------------------
