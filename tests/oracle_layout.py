@@ -43,9 +43,12 @@ def from_oracle(codes, scales, ts_bits, bf, axis):
   return data, values, ts
 
 
-def quantize(x, bf, axis=-1, rand=None):
-  """The ops' quantize (kernels where in use) in the oracle's layout."""
-  data, scales, ts = ops.quantize_raw(x, bf, axis % x.ndim, rand)
+def quantize(x, bf, axis=-1, rand=None, ts_bits=None):
+  """The ops' quantize (kernels where in use) in the oracle's layout; `ts_bits`: a given
+  tensor scale (f32 bits), else x's."""
+  ts = None if ts_bits is None else jax.lax.bitcast_convert_type(
+      jnp.asarray(ts_bits, jnp.uint32), jnp.float32)
+  data, scales, ts = ops.quantize_raw(x, bf, axis % x.ndim, rand, ts)
   return to_oracle(data, scales, ts, bf, x.shape, axis)
 
 

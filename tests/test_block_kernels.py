@@ -1,10 +1,12 @@
 """The block-scaled formats' CPU kernels (ffi/cpu/block_kernels.cc through
 `mxjax._src.ops`) against the oracle (`mxjax.reference.block_quantize` /
 `block_dequantize`), bit for bit, at every SIMD level this build and CPU run: rows,
-strided columns, both in one pass (quantize_2x), 2-D tiles, stochastic rounding given its
-bits, the tensor scale, ragged
-edges, zero / subnormal / Inf / NaN blocks, every bf16 pattern; proof that the kernels
-ran; their sharding."""
+strided columns, both in one pass (quantize_2x), 2-D tiles, whole work units, odd blocks,
+stochastic rounding given its bits, the tensor scale (computed or given), ragged edges,
+zero / subnormal / Inf / NaN blocks, every bf16 pattern; the packed codes' bytes against
+the oracle's codes packed by `reference.pack_codes`; the tensor amax
+(ffi/cpu/amax_kernels.cc) against the oracle's; proof that the kernels ran; their
+sharding."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 import mxjax
 from conftest import all_bf16_patterns, all_f16_patterns, special_blocks
 from mxjax import reference
-from mxjax._src import backend, formats as bfmt, stochastic
+from mxjax._src import backend, formats as bfmt, ops, stochastic
 import oracle_layout
 from mxjax._src.formats import BlockFormat, ScaleFormat
 from sharding_helpers import compiled_collectives
@@ -45,14 +47,14 @@ def _u(a) -> np.ndarray:
   return a.view(np.uint32) if a.dtype == np.float32 else a
 
 
-def _oracle(x, bf, axis, rand):
-  q = reference.block_quantize(x, bf, axis=axis, rand=rand)
+def _oracle(x, bf, axis, rand, ts=None):
+  q = reference.block_quantize(x, bf, axis=axis, rand=rand, tensor_scale_bits=ts)
   return (*q[:2], reference.block_dequantize(*q, bf, axis=axis),
           reference.block_dequantize(*q, bf, axis=axis, apply_tensor_scale=False))
 
 
-def _kernels(x, bf, axis, rand):
-  codes, scales, ts = oracle_layout.quantize(x, bf, axis, rand)
+def _kernels(x, bf, axis, rand, ts=None):
+  codes, scales, ts = oracle_layout.quantize(x, bf, axis, rand, ts)
   return (codes, scales, oracle_layout.dequantize(codes, scales, ts, bf, axis),
           oracle_layout.fake_quantize(x, bf, axis, rand)[0])
 
@@ -62,12 +64,17 @@ _kernels_jit = jax.jit(_kernels, static_argnums=(1, 2))
 _wanted = {}  # the oracle's results, computed once for every SIMD level
 
 
-def _assert_same(x, bf, axis, sr, what=""):
+def _assert_same(x, bf, axis, sr, what="", ts=None):
+  """Codes, scales, dequantize and fake_quantize; `ts`: a given tensor scale's f32 bits
+  (quantize and dequantize; fake_quantize computes its own)."""
   rand = stochastic.random_bits(jnp.asarray([5, 6], jnp.uint32), x.shape) if sr else None
-  key = (bf, axis, sr, what, x.shape, x.dtype)
+  key = (bf, axis, sr, what, x.shape, x.dtype, None if ts is None else int(ts))
   if key not in _wanted:
-    _wanted[key] = [_u(w) for w in _oracle_jit(x, bf, axis, rand)]
-  got = _kernels_jit(x, bf, axis, rand)
+    want = _oracle_jit(x, bf, axis, rand, ts)
+    if ts is not None:
+      want = (*want[:3], _oracle_jit(x, bf, axis, rand)[3])
+    _wanted[key] = [_u(w) for w in want]
+  got = _kernels_jit(x, bf, axis, rand, ts)
   for name, w, g in zip(("codes", "scales", "dequantize", "fake_quantize"), _wanted[key], got):
     np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} axis {axis} SR {sr} {what}: {name}")
 
@@ -118,6 +125,106 @@ def test_special_blocks(name):
     x = jnp.asarray(special_blocks(dtype, b))
     _assert_same(x, bf, -1, False, np.dtype(dtype).name)
     _assert_same(jnp.asarray(np.ascontiguousarray(x.T)), bf, 0, True, np.dtype(dtype).name)
+
+
+def _wide(blocks: np.ndarray, width: int = 1024) -> np.ndarray:
+  """Rows of 1-D blocks laid end to end into rows of `width` (zero blocks pad the end)."""
+  flat = blocks.reshape(-1)
+  flat = np.concatenate([flat, np.zeros(-flat.size % width, flat.dtype)])
+  return flat.reshape(-1, width)
+
+
+def _assert_2x(x, bf, what=""):
+  """quantize_2x's rows and columns against the oracle's quantize along each axis."""
+  rows, cols, _ = _quantize_2x_jit(x, bf)
+  for axis, got in ((-1, rows), (-2, cols)):
+    want = reference.block_quantize(x, bf, axis=axis)[:2]
+    for w, g in zip(want, got):
+      np.testing.assert_array_equal(_u(g), _u(w), err_msg=f"{bf} 2x axis {axis} {what}")
+
+
+@at_every_level
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_2d", "mxfp4", "e2m3_e4m3_1x16", "fp8_1x128",
+                                  "mxfp8_2d", "e4m3_fp32_1x16"])
+def test_whole_units(name):
+  """Rows of whole work units (512 columns and more) and a ragged one, where narrow tiles
+  reduce in registers and FP4 codes come from thresholds (AVX-512): every bf16 pattern
+  (rows of neighbours, rows spanning every exponent), the special blocks end to end, random
+  rows of bf16 / f16 / f32, given tensor scales; quantize_2x."""
+  bf = FORMATS[name]
+  for arrangement in ("sequential", "strided"):
+    x = jnp.asarray(all_bf16_patterns(arrangement).reshape(-1, 512))
+    _assert_same(x, bf, -1, False, f"bf16 {arrangement} wide")
+  for dtype in (np.float32, ml_dtypes.bfloat16):
+    _assert_same(jnp.asarray(_wide(special_blocks(dtype, 16))), bf, -1, False,
+                 f"{np.dtype(dtype).name} special wide")
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    x = _awkward((48, 1040), jnp.float32, 2).astype(dtype)  # 2 whole units and 16 columns
+    _assert_same(x, bf, -1, False, f"{jnp.dtype(dtype).name} 1040")
+  if bf.tensor_scale:
+    x = _awkward((32, 1024), jnp.float32, 3).astype(jnp.bfloat16)
+    for ts in (0x3F800000, 0x00000001, 0x7F7FFFFF, 0x4A000000):
+      _assert_same(x, bf, -1, False, "bf16 given", ts=jnp.uint32(ts))
+  if not bf.two_d:  # quantize_2x's rowwise units are whole too
+    _assert_2x(_awkward((48, 1040), jnp.float32, 4).astype(jnp.bfloat16), bf, "1040")
+
+
+@at_every_level
+@pytest.mark.parametrize("ts", [0x3F800000, 0x00000001, 0x00800000, 0x38000000, 0x71800000,
+                                0x7F7FFFFF])
+def test_given_tensor_scales(ts):
+  """A given tensor scale (1, the smallest subnormal, 2^-126, 2^-15, 2^100, FLT_MAX): the
+  E4M3 scales' f32 path where it is exact, the exact path where not, and products far past
+  the element grid (they saturate)."""
+  x = _awkward_3d(jnp.float32)
+  fp6 = dataclasses.replace(FORMATS["e2m3_e4m3_1x16"], tensor_scale=True)
+  for bf in (FORMATS["nvfp4"], FORMATS["nvfp4_2d"], fp6):
+    for axis in ((-1,) if bf.two_d else (-1, 1)):
+      _assert_same(x, bf, axis, False, "given", ts=jnp.uint32(ts))
+
+
+ODD_BLOCKS = {  # blocks of a few packing groups, of no power of two, of one element
+    "e2m1_e4m3_1x6": BlockFormat("e2m1", ScaleFormat.E4M3, (1, 6), tensor_scale=True),
+    "e3m2_e8m0_1x12": BlockFormat("e3m2", ScaleFormat.E8M0, (1, 12)),
+    "e2m3_fp32_1x4": BlockFormat("e2m3", ScaleFormat.FP32, (1, 4)),
+    "e5m2_fp32_1x3": BlockFormat("e5m2", ScaleFormat.FP32, (1, 3)),
+    "e4m3_fp32_1x1": BlockFormat("e4m3", ScaleFormat.FP32, (1, 1)),
+    "e2m1_e8m0_6x6": BlockFormat("e2m1", ScaleFormat.E8M0, (6, 6)),
+}
+
+
+@at_every_level
+@pytest.mark.parametrize("name", sorted(ODD_BLOCKS))
+def test_odd_blocks(name):
+  """Blocks the fast paths do not take (the kernels' generic paths) equal the oracle's
+  along every axis; quantize_2x too where its one-pass kernel takes the block."""
+  bf = ODD_BLOCKS[name]
+  x = _awkward_3d(jnp.float32)
+  for axis in ((-1,) if bf.two_d else (-1, 1, 0)):
+    _assert_same(x, bf, axis, axis == 1, "float32")
+  if not bf.two_d and 512 % bf.block[1] == 0:
+    _assert_2x(x, bf)
+
+
+_packed_oracle = jax.jit(lambda x, bf, axis, a: reference.pack_codes(
+    reference.block_quantize(x, bf, axis=axis)[0], bf.element, axis=a), static_argnums=(1, 2, 3))
+
+
+@at_every_level
+def test_packed_codes_layout():
+  """The kernels' codes are MXArray's data: the element format's storage dtype, packed
+  along the quantized axis (2-D tiles: the last) to its storage length, byte for byte the
+  oracle's codes packed by `reference.pack_codes` (the padding codes 0)."""
+  x = _awkward_3d(jnp.float32)
+  for name, bf in {**FORMATS, **ODD_BLOCKS}.items():
+    for axis in ((2,) if bf.two_d else (2, 1)):
+      data = jax.jit(ops.quantize_raw, static_argnums=(1, 2))(x, bf, axis)[0]
+      a = 2 if bf.two_d else axis
+      want = _packed_oracle(x, bf, axis, a)
+      assert data.dtype == bf.element_format.storage_dtype == want.dtype, (name, data.dtype)
+      assert data.shape[a] == bf.element_format.storage_length(x.shape[a]), (name, data.shape)
+      np.testing.assert_array_equal(np.asarray(data).view(np.uint8),
+                                    np.asarray(want).view(np.uint8), err_msg=f"{name} {axis}")
 
 
 _quantize_2x_jit = jax.jit(oracle_layout.quantize_2x, static_argnums=(1,))
@@ -259,6 +366,101 @@ def test_two_d_quantize_on_a_mesh():
       deq = jax.jit(lambda c, s, t: oracle_layout.dequantize(c, s, t, bfmt.NVFP4_2D))(*got)
     for w, g in zip((*want, want_deq), (*got, deq)):
       np.testing.assert_array_equal(_u(g), _u(w), err_msg=str(kind))
+
+
+def _oracle_amax(x) -> np.uint32:
+  """The oracle's amax (`reference.tensor_scale`'s): the largest f32 bits of |x| over x's
+  finite elements, 0 for none."""
+  mag = np.asarray(reference.to_f32_bits(jnp.asarray(x))).astype(np.uint32) & 0x7FFFFFFF
+  return np.uint32(np.max(np.where(mag < 0x7F800000, mag, 0), initial=0))
+
+
+def _amax_cases():
+  """(name, array) pairs: special values, odd shapes, every bf16 / f16 pattern."""
+  rng = np.random.default_rng(3)
+  cases = []
+  for dtype in (np.float32, ml_dtypes.bfloat16, np.float16):
+    info = ml_dtypes.finfo(dtype)
+    tiny = np.asarray(info.smallest_subnormal, dtype)
+    cases += [
+        ("empty", np.zeros((0,), dtype)), ("empty 2-D", np.zeros((3, 0), dtype)),
+        ("zeros", np.zeros((7,), dtype)), ("-0", np.full((5, 3), -0.0, dtype)),
+        ("NaN", np.full((9,), np.nan, dtype)), ("Inf", np.asarray([np.inf, -np.inf], dtype)),
+        ("NaN Inf and a value", np.asarray([np.nan, -np.inf, -2.5, np.inf, 1], dtype)),
+        ("subnormals", np.asarray([tiny, -3 * tiny, 2 * tiny], dtype)),
+        ("max", np.asarray([1, -info.max, 2], dtype)), ("one", np.ones((1,), dtype)),
+    ]
+    for shape in ((1001,), (3, 5, 7), (3, 70001), (2, 65536, 2)):  # over several threads
+      x = (rng.standard_normal(shape) * np.exp2(rng.integers(-12, 12, shape))).astype(dtype)
+      cases.append((f"random {shape}", x))
+      x = x.copy().reshape(-1)
+      x[-1] = -info.max  # the max last, NaN / Inf first
+      x[0], x[1] = np.nan, np.inf
+      cases.append((f"max last {shape}", x.reshape(shape)))
+  for patterns in (all_bf16_patterns, all_f16_patterns):
+    cases.append((patterns.__name__, patterns("sequential")))
+  return cases
+
+
+_AMAX_CASES = _amax_cases()
+_tensor_scale_bits = jax.jit(lambda x: jax.lax.bitcast_convert_type(
+    ops.tensor_scale(x, bfmt.NVFP4), jnp.uint32))
+
+
+@at_every_level
+def test_tensor_amax_equals_the_oracle():
+  """mxjax_tensor_amax (bf16, f16, f32; any shape) equals the oracle's amax bit for bit, and
+  the tensor scale made from it the oracle's."""
+  amax = jax.jit(ops.tensor_amax)
+  for name, x in _AMAX_CASES:
+    x = jnp.asarray(x)
+    got = amax(x)
+    assert got.dtype == jnp.uint32 and got.shape == (), name
+    assert np.uint32(got) == _oracle_amax(x), (name, x.dtype, hex(int(got)))
+    assert int(_tensor_scale_bits(x)) == int(reference.tensor_scale(x, bfmt.NVFP4)), name
+
+
+@pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
+def test_the_amax_kernel_runs():
+  """NVFP4's quantize reduces the amax in the kernel; under vmap the amax is per row."""
+  x = jnp.ones((64, 64))
+  assert "mxjax_tensor_amax" in jax.jit(ops.tensor_amax).lower(x).compile().as_text()
+  text = jax.jit(lambda x: mxjax.quantize(x, bfmt.NVFP4)).lower(x).compile().as_text()
+  assert "mxjax_tensor_amax" in text
+  got = jax.vmap(ops.tensor_amax)(jnp.asarray([[1.0, -3.0], [np.inf, 2.0]]))
+  np.testing.assert_array_equal(np.asarray(got), [0x40400000, 0x40000000])
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+@pytest.mark.parametrize("mesh_shape, spec", [((8,), ("a", None)), ((8,), (None, "a")),
+                                              ((2, 4), ("a", "b")), ((2, 4), (("a", "b"),)),
+                                              ((2, 4), (None, "b"))])
+def test_sharded_tensor_amax(mesh_shape, spec):
+  """On a mesh (Auto and Explicit axes) the amax is the max over the shards of each shard's:
+  equal to one device's and the oracle's, wherever the largest element (and NaN / Inf)
+  lies, with one all-reduce of a scalar and no other collective."""
+  rng = np.random.default_rng(4)
+  names = ("a", "b")[:len(mesh_shape)]
+  for where in ((0, 0), (63, 999), (17, 500)):
+    x = rng.standard_normal((64, 1000)).astype(np.float32)
+    x[where] = 1e30
+    x[(where[0] + 5) % 64, 3] = np.inf
+    x[3, (where[1] + 7) % 1000] = np.nan
+    x = jnp.asarray(x).astype(jnp.bfloat16)
+    want = jax.jit(ops.tensor_amax)(x)
+    assert np.uint32(want) == _oracle_amax(x)
+    for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+      mesh = jax.make_mesh(mesh_shape, names, axis_types=(kind,) * len(names))
+      sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+      xs = jax.device_put(x, sharding)
+      with jax.set_mesh(mesh):
+        got = jax.jit(ops.tensor_amax)(xs)
+        scale = _tensor_scale_bits(xs)
+        collectives = compiled_collectives(ops.tensor_amax, xs)
+      assert np.uint32(got) == np.uint32(want), (kind, where, hex(int(got)))
+      assert int(scale) == int(reference.tensor_scale(x, bfmt.NVFP4)), (kind, where)
+      assert len(collectives) == 1 and collectives[0][:2] == ("all-reduce", ()), (
+          kind, collectives)
 
 
 _TRAINING_STEPS = """
