@@ -361,6 +361,32 @@ typedef uint16_t ThrQ __attribute__((vector_size(32)));
 typedef uint32_t ThrW __attribute__((vector_size(64)));
 typedef uint8_t ThrB __attribute__((vector_size(16)));
 
+// The FP4 codes (one a lane, the sign in bit 3) of 32 bf16 x in tiles of kTC lanes by
+// thresholds: the first tile's row ra, the second's rb (kTC 32: ra twice).
+template <int kTC>
+__attribute__((always_inline)) inline ThrV fp4_threshold_codes(const uint16_t* x,
+                                                               const uint16_t* ra_row,
+                                                               const uint16_t* rb_row) {
+  ThrV off;  // each lane's tile's first word in the vector of rows
+  for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
+  ThrV xv;
+  std::memcpy(&xv, x, 64);
+  ThrH ra, rb;
+  std::memcpy(&ra, ra_row, 16);
+  std::memcpy(&rb, rb_row, 16);
+  const ThrQ rab = __builtin_shufflevector(ra, rb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                           13, 14, 15);
+  const ThrV tt = __builtin_shufflevector(rab, rab, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                          13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                          12, 13, 14, 15);
+  const ThrV a = xv & 0x7FFF;
+  ThrV c = off;  // + the code found so far: T[c + 4], then T[c + 2], T[c + 1]
+  c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
+  c = a >= __builtin_shuffle(tt, c + 2) ? c + 2 : c;
+  c = a >= __builtin_shuffle(tt, c + 1) ? c + 1 : c;
+  return (c & 7) | ((xv >> 12) & __builtin_shuffle(tt, off));  // sign: bit 3
+}
+
 // Packed FP4 codes of `vecs` runs of 32 bf16 x (32 / kTC tiles each, tile j's row that of
 // its scale byte bytes[j] in `rows`) into 16 bytes each; kStream: streaming stores (out
 // 16-byte aligned; stream.h's reason).
@@ -369,26 +395,10 @@ __attribute__((noinline)) void fp4_threshold_run(int64_t vecs, const uint16_t* _
                                                  const uint8_t* __restrict bytes,
                                                  const ThresholdRows& rows,
                                                  uint8_t* __restrict out) {
-  ThrV off;  // each lane's tile's first word in the vector of rows
-  for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
 #pragma GCC unroll 4
   for (int64_t v = 0; v < vecs; ++v) {
-    ThrV xv;
-    std::memcpy(&xv, x + 32 * v, 64);
-    ThrH ra, rb;  // the rows of the vector's tiles (kTC 32: one, twice)
-    std::memcpy(&ra, rows.row[bytes[32 / kTC * v]], 16);
-    std::memcpy(&rb, rows.row[bytes[32 / kTC * v + (kTC == 16)]], 16);
-    const ThrQ rab = __builtin_shufflevector(ra, rb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                             13, 14, 15);
-    const ThrV tt = __builtin_shufflevector(rab, rab, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                            12, 13, 14, 15);
-    const ThrV a = xv & 0x7FFF;
-    ThrV c = off;  // + the code found so far: T[c + 4], then T[c + 2], T[c + 1]
-    c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
-    c = a >= __builtin_shuffle(tt, c + 2) ? c + 2 : c;
-    c = a >= __builtin_shuffle(tt, c + 1) ? c + 1 : c;
-    const ThrV code = (c & 7) | ((xv >> 12) & __builtin_shuffle(tt, off));  // sign: bit 3
+    const ThrV code = fp4_threshold_codes<kTC>(x + 32 * v, rows.row[bytes[32 / kTC * v]],
+                                               rows.row[bytes[32 / kTC * v + (kTC == 16)]]);
     ThrW w;  // two codes a 32-bit lane: low nibble first
     std::memcpy(&w, &code, 64);
     w |= w >> 12;
@@ -468,27 +478,11 @@ __attribute__((noinline)) void fp4_fake_run(int64_t vecs, const uint16_t* __rest
                                             const uint8_t* __restrict bytes,
                                             const ThresholdRows& thresholds,
                                             const ValueRows& values, float* __restrict out) {
-  ThrV off;
-  for (int l = 0; l < 32; ++l) off[l] = uint16_t(l / kTC * 8);
 #pragma GCC unroll 2
   for (int64_t v = 0; v < vecs; ++v) {
-    ThrV xv;
-    std::memcpy(&xv, x + 32 * v, 64);
     const uint8_t ba = bytes[32 / kTC * v], bb = bytes[32 / kTC * v + (kTC == 16)];
-    ThrH ra, rb;
-    std::memcpy(&ra, thresholds.row[ba], 16);
-    std::memcpy(&rb, thresholds.row[bb], 16);
-    const ThrQ rab = __builtin_shufflevector(ra, rb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                             13, 14, 15);
-    const ThrV tt = __builtin_shufflevector(rab, rab, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                            12, 13, 14, 15);
-    const ThrV a = xv & 0x7FFF;
-    ThrV c = off;
-    c = a >= __builtin_shuffle(tt, off + 4) ? c + 4 : c;
-    c = a >= __builtin_shuffle(tt, c + 2) ? c + 2 : c;
-    c = a >= __builtin_shuffle(tt, c + 1) ? c + 1 : c;
-    const ThrV code = (c & 7) | ((xv >> 12) & __builtin_shuffle(tt, off));
+    const ThrV code = fp4_threshold_codes<kTC>(x + 32 * v, thresholds.row[ba],
+                                               thresholds.row[bb]);
     const ThrQ lo = __builtin_shufflevector(code, code, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                             12, 13, 14, 15);
     const ThrQ hi = __builtin_shufflevector(code, code, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,

@@ -110,10 +110,14 @@ MXJAX_HD float f32_value(Sig v) {
   return v.sig == 0 ? 0.0f : as_float((uint32_t(v.exp + 23 + 127) << 23) | (v.sig & 0x7FFFFFu));
 }
 
-// The code of f32 bits x times the normal f32 m (as block_encode).
-template <class F, bool kStochastic>
+// The code of f32 bits x times the normal f32 m (as block_encode); kSat: |x| * m is
+// clamped to 2^(emax + 2) first (past max, so the code saturates either way), so the f32
+// add of encode_magnitude cannot overflow where a large multiplier (a given tensor scale)
+// makes the product huge or Inf.
+template <class F, bool kStochastic, bool kSat = false>
 MXJAX_HD uint32_t block_encode_f32(uint32_t x, float m, uint32_t rand) {
   uint32_t v = as_bits(mul_rn(as_float(x & kF32Abs), m));
+  if (kSat) v = umin(v, uint32_t(F::emax + 2 + 127) << 23);
   uint32_t mag;
   if (kStochastic) {
     Sig s{v < 0x00800000u ? 0u : (v & 0x7FFFFFu) | 0x800000u, int32_t(v >> 23) - 150};
@@ -124,21 +128,10 @@ MXJAX_HD uint32_t block_encode_f32(uint32_t x, float m, uint32_t rand) {
   return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
 }
 
-// block_encode_f32 for any product: |x| * m is clamped to 2^(emax + 2) first (past max,
-// so the code saturates either way), so the f32 add of encode_magnitude cannot overflow
-// where a large multiplier (a given tensor scale) makes the product huge or Inf.
+// block_encode_f32 for any product (see kSat).
 template <class F, bool kStochastic>
 MXJAX_HD uint32_t block_encode_f32_sat(uint32_t x, float m, uint32_t rand) {
-  constexpr uint32_t kSat = uint32_t(F::emax + 2 + 127) << 23;
-  uint32_t v = umin(as_bits(as_float(x & kF32Abs) * m), kSat);
-  uint32_t mag;
-  if (kStochastic) {
-    Sig s{v < 0x00800000u ? 0u : (v & 0x7FFFFFu) | 0x800000u, int32_t(v >> 23) - 150};
-    mag = round_to_grid_sr(s, F::emin, F::man_bits, rand);
-  } else {
-    mag = encode_magnitude<F>(v);
-  }
-  return umin(mag, F::max_code) | ((x >> 31) << (F::bits - 1));
+  return block_encode_f32<F, kStochastic, true>(x, m, rand);
 }
 
 // f32 bits of an element code's value, the grid continued past max (no NaN / Inf codes).
