@@ -69,10 +69,10 @@ def oracle_values(x, fmt, axis: int, rand=None, tensor_scale_bits=None):
   return values, inv
 
 
-def random_data(shape, seed: int = 0, scale: float = 1.0, dtype=jnp.float32):
-  """Normal data whose rows have magnitudes over a few binades."""
+def random_data(shape, seed: int = 0, scale: float = 1.0, dtype=jnp.float32, spread: int = 3):
+  """Normal data whose rows have magnitudes over 2 * `spread` + 1 binades."""
   rng = np.random.default_rng(seed)
-  x = rng.standard_normal(shape) * np.exp2(rng.integers(-3, 4, shape[:-1] + (1,)))
+  x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape[:-1] + (1,)))
   return jnp.asarray(x * scale, dtype)
 
 
