@@ -12,6 +12,8 @@ The test ids are the case names ("mxfp8", "mxfp4", "mxfp4_sr_rht", "nvfp4", "fp8
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +63,11 @@ def role_formats(recipe) -> dict:
 def oracle_values(x, fmt, axis: int, rand=None, tensor_scale_bits=None):
   """(values without the tensor scale, f32; 1 / tensor scale or 1.0) of the oracle's
   quantization of x along `axis` (2-D tiles: the last two axes)."""
+  return _oracle_values(x, fmt, axis, rand, tensor_scale_bits)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _oracle_values(x, fmt, axis, rand, tensor_scale_bits):
   codes, scales, ts = reference.block_quantize(x, fmt, axis=axis, rand=rand,
                                                tensor_scale_bits=tensor_scale_bits)
   values = reference.block_dequantize(codes, scales, ts, fmt, axis=axis,
