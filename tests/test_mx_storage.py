@@ -45,7 +45,7 @@ def _check_stored(lm, tokens, hp, make_stored, recipe, bits):
   assert report.quantized_f32_nbytes == 4 * n_kernel  # every kernel is stored quantized
   assert report.quantized_bytes_per_param == pytest.approx(formula, rel=0.02)
   assert len(report.copies) == len(model_lib.kernels(hp["params"]))
-  assert all(kept == f"{recipe.fwd_format} along axis 0 (1 copy)"
+  assert all(kept == f"{recipe.roles().w} along axis 0 (1 copy)"
              for kept in report.copies.values())
   # nothing but the stored variables came alive (the f32 initial values are gone) ...
   fresh = {id(a): a.nbytes for a in jax.tree.leaves(stored) if id(a) not in before}
@@ -97,14 +97,14 @@ def test_nnx_linear_4096_holds_one_mxfp8_copy():
                                                     rngs=nnx.Rngs(0)))
   report = mxjax.memory_report(layer)
   assert report.quantized_bytes_per_param == pytest.approx(1 + 1 / 32)
-  assert list(report.copies.values()) == ["e4m3 along axis 0 (1 copy)"]
+  assert list(report.copies.values()) == ["e4m3/e8m0/1x32 along axis 0 (1 copy)"]
   with mxjax.quantized_model_init(recipe=mxjax.MXFP8BlockScaling(), for_training=True):
     layer = jax.eval_shape(lambda: mxjax.nnx.Linear(512, 4096, use_bias=False,
                                                     rngs=nnx.Rngs(0)))
   report = mxjax.memory_report(layer)
   assert report.quantized_bytes_per_param == pytest.approx(2 * (1 + 1 / 32))
-  assert list(report.copies.values()) == ["e4m3 along axes 0, 1 (2 copies)"]
-  assert "e4m3 along axes 0, 1 (2 copies)" in report.table()
+  assert list(report.copies.values()) == ["e4m3/e8m0/1x32 along axes 0, 1 (2 copies)"]
+  assert "e4m3/e8m0/1x32 along axes 0, 1 (2 copies)" in report.table()
 
 
 def test_one_copy_training_dgrad_error_against_the_stored_pair():

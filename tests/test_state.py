@@ -14,7 +14,8 @@ from flax.linen.fp8_ops import OVERWRITE_WITH_GRADIENT
 from flax.training.train_state import TrainState
 from jax.sharding import PartitionSpec as P
 
-from mxjax import linen as mxl, state as state_lib
+from mxjax import linen as mxl
+from mxjax._src import state as state_lib
 from mxjax._src import context, fp8
 from mxjax._src.recipes import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling
 

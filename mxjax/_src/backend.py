@@ -31,14 +31,34 @@ _H100_2026_11_27 = (
     "2026-11-27 (commit 9d32038): ffi/cuda/tests/gpu_check.py byte-equal to the CPU "
     "kernels, compute-sanitizer memcheck 0 errors, tests/test_quantize_exact.py on the GPU "
     "483 passed (benchmarks/results/gpu-h100-2026-11-27.md)")
+_H200_2026_11_27 = (
+    "NVIDIA H200 (sm_90), driver 580.159.04, CUDA 13.0, jax 0.11.2, on 2026-11-27 (commit "
+    "729841c): {what}, compute-sanitizer memcheck 0 errors "
+    "(benchmarks/results/gpu-h200-2026-11-27.md)")
+_MX_REWRITE = _H200_2026_11_27.format(
+    what="the rewritten kernels byte-equal to those verified on an H100 (" + _H100_2026_11_27 +
+    ") on 16384^2 random inputs of every format (bench_kernels.cu)")
+_BLOCK = _H200_2026_11_27.format(
+    what="ffi/cuda/tests/gpu_check_block.py byte-equal to the CPU kernels (625 cases, every "
+    "block format, stochastic rounding, special values)")
 
 #: The CUDA targets verified on a GPU, with where and when; "auto" uses these (and no
 #: other) on GPUs of compute capability 9.0 and up. A target is added only with the run's
 #: output committed under benchmarks/results/.
 CUDA_VERIFIED: dict[str, str] = {
-    "mxjax_quantize": _H100_2026_11_27,
-    "mxjax_quantize_2x": _H100_2026_11_27,
-    "mxjax_dequantize": _H100_2026_11_27,
+    "mxjax_quantize": _MX_REWRITE,
+    "mxjax_quantize_2x": _MX_REWRITE,
+    "mxjax_dequantize": _MX_REWRITE,
+    "mxjax_fake_quantize": _MX_REWRITE,
+    "mxjax_block_quantize": _BLOCK,
+    "mxjax_block_quantize_2x": _BLOCK,
+    "mxjax_block_dequantize": _BLOCK,
+    "mxjax_block_fake_quantize": _BLOCK,
+    "mxjax_tensor_amax": _H200_2026_11_27.format(what="gpu_check_block.py: equal to numpy "
+                                                      "(54 cases)"),
+    "mxjax_fp8_block_gemm": _H200_2026_11_27.format(
+        what="ffi/cuda/tests/gpu_check_fp8_gemm.py: within the error bound of the float64 "
+        "product of the dequantized operands in 11 cases"),
 }
 #: The compute capability from which "auto" uses the verified CUDA kernels.
 CUDA_MIN_CAPABILITY = (9, 0)
@@ -155,8 +175,8 @@ def _kernel_path(platform: str) -> str:
     if platform == "cpu":
       return f"C++ FFI kernels on the XLA CPU thread pool ({extension.build_info()['simd']})"
     verified = ("" if mode == "ffi" else
-                f"; verified: {', '.join(sorted(CUDA_VERIFIED))} on {_H100_2026_11_27}, the "
-                "others run plain XLA")
+                f"; verified on a GPU: {', '.join(sorted(CUDA_VERIFIED))} (where and how: "
+                "mxjax._src.backend.CUDA_VERIFIED), the others run plain XLA")
     return f"CUDA FFI kernels on the XLA stream (MXJAX_KERNELS={mode}{verified})"
   if mode == "ffi":
     return f"none: MXJAX_KERNELS=ffi and this build has no FFI kernels for {platform!r}"

@@ -30,7 +30,8 @@ from mxjax._src.dot import dot_general
 
 def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
            block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil", precision=None,
-           preferred_element_type=None, out_sharding=None, recipe=None, rng=None) -> jax.Array:
+           preferred_element_type=None, out_sharding=None, recipe=None, rng=None,
+           name: str = "") -> jax.Array:
   """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
 
   Args:
@@ -43,8 +44,9 @@ def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
       own contraction in the forward, dgrad and wgrad; `precision` has nothing to choose).
     out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
       PartitionSpec over the current mesh), as `jnp.einsum` takes it.
-    recipe, rng: as in `mxjax.dot_general` (a block-scaled recipe's roles; a key for
-      stochastic rounding).
+    recipe, rng, name: as in `mxjax.dot_general` (a block-scaled recipe's roles; a key
+      for stochastic rounding; the product's name, which seeds its Hadamard transform's
+      signs).
 
   Returns:
     The array `jnp.einsum(subscripts, a, b)` would give, in the operands' result dtype
@@ -60,7 +62,7 @@ def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
     return dot_general(a, b, dims, fwd_format=fwd_format, bwd_format=bwd_format,
                        block_size=block_size, scale_mode=scale_mode, precision=precision,
                        preferred_element_type=out_dtype, out_sharding=out_sharding,
-                       recipe=recipe, rng=rng)
+                       recipe=recipe, rng=rng, name=name)
 
   return einsum_as_dot_general(subscripts, a, b, mx_dot, out_sharding)
 

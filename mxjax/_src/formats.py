@@ -188,12 +188,15 @@ class ScaleFormat(str, enum.Enum):
   """The format of a block's scale.
 
   E8M0: a power of two, byte e + 127 (OCP MX); its exponent follows the `scale_mode`.
-  E4M3: an unsigned E4M3 byte (NVFP4): `amax_block / elem_max * tensor_scale`, RNE,
-    saturated to 448; byte 0x7F (NaN) marks a block that held NaN / Inf.
+
+  E4M3: an unsigned E4M3 byte (NVFP4), `amax_block / elem_max * tensor_scale`, RNE,
+  saturated to 448; byte 0x7F (NaN) marks a block that held NaN / Inf.
+
   FP32: an f32 decode scale `1 / m` with `m = elem_max / amax_block` (TE's
-    Float8BlockScaling with FP32 scales).
+  Float8BlockScaling with FP32 scales).
+
   FP32_POW2: the same with `m` rounded down to a power of two (no element saturates;
-    the decode scale is exact).
+  the decode scale is exact).
   """
 
   E8M0 = "e8m0"

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mxjax._src import sharding
 from mxjax._src.codec import merge_axis, pad_axis, split_axis
 
 
@@ -38,10 +39,16 @@ def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
   """`x` with a block Hadamard transform along `axis`: each run of n = len(signs)
   elements times `H diag(signs) / sqrt(n)` (orthogonal), in f32; the axis is zero padded
   to a multiple of n (the padding stays). Applying it to both operands along their
-  contraction leaves the product unchanged in exact arithmetic."""
+  contraction leaves the product unchanged in exact arithmetic. Under Explicit mesh axes
+  that shard `axis`, the axis is gathered first (a run of n may cross shards)."""
   n = len(signs)
   axis = axis % x.ndim
   x = x.astype(jnp.float32)
+  spec = sharding.typed_spec(x)
+  if spec is not None and spec[axis] is not None:  # Explicit axes: a run may cross shards
+    x = jax.sharding.reshard(x, jax.sharding.NamedSharding(
+        jax.typeof(x).sharding.mesh,
+        jax.sharding.PartitionSpec(*(None if d == axis else e for d, e in enumerate(spec)))))
   length = -(-x.shape[axis] // n) * n
   blocks = split_axis(pad_axis(x, axis, length), axis, n)
   mat = jnp.asarray(hadamard(n) * signs[None, :] / np.sqrt(np.float32(n)), jnp.float32)

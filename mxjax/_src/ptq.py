@@ -46,9 +46,9 @@ def _check_block_recipe(recipe, where: str) -> Recipe:
 
 def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "kernel"):
   """A kernel `[*contracted (contract_ndim dims), *features]` as one MXArray, blocks along
-  its contraction: of `w`'s shape along axis 0 when one dim is contracted; in 2-D form
-  `[prod(contracted), prod(features)]` along axis 0 otherwise (how mxjax's DenseGeneral
-  stores a kernel that contracts several dims)."""
+  its contraction: of `w`'s shape along axis 0 when one dim is contracted (2-D tiles:
+  and one feature dim); in 2-D form `[prod(contracted), prod(features)]` otherwise (how
+  mxjax's DenseGeneral stores its kernels quantized: tiles lie on the product's [K, N])."""
   shape = tuple(jnp.shape(w))
   dtype = jnp.dtype(getattr(w, "dtype", jnp.float32))
   if len(shape) < 2:
@@ -62,13 +62,7 @@ def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "ker
     raise ValueError(f"quantize_params: the kernel at '{where}' of shape {shape} cannot "
                      f"contract {contract_ndim} leading dims (it needs a feature dim)")
   fmt = projection.weight_format(recipe, "quantize_params")
-  if fmt.two_d and len(shape) - contract_ndim > 1:
-    raise ValueError(f"quantize_params: the kernel at '{where}' of shape {shape} has several "
-                     f"feature dims, and {fmt}'s 2-D tiles need the kernel as [K, N] (a layer "
-                     f"reading it in its own shape could not): store 1-D weight blocks "
-                     f"(e.g. NVFP4BlockScaling(disable_2d_quantization=True), "
-                     f"Float8BlockScaling(w_block_scaling_dim=1)) or leave it out with a rule")
-  if contract_ndim > 1:
+  if contract_ndim > 1 or (fmt.two_d and len(shape) - contract_ndim > 1):
     k = 1
     for d in shape[:contract_ndim]:
       k *= d
@@ -99,9 +93,10 @@ def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
       blocks); None: `MXFP8BlockScaling()`.
     rules: `(pattern, recipe or None)` pairs (`mxjax.rules`); each must match a leaf.
     contract_ndim: how many leading dims of each kernel are contracted, or a function of
-      its path. A kernel that contracts several dims (a DenseGeneral with `axis=(-2, -1)`)
-      is stored in 2-D form `[prod(contracted), prod(features)]`, as mxjax's DenseGeneral
-      keeps it (stock code reading that kernel needs its own shape: leave it out).
+      its path. A kernel that contracts several dims (a DenseGeneral with `axis=(-2, -1)`),
+      or has several feature dims under a format of 2-D tiles, is stored in 2-D form
+      `[prod(contracted), prod(features)]`, as mxjax's DenseGeneral keeps it (stock code
+      reading that kernel needs its own shape: leave it out).
 
   Returns:
     The same tree with each picked kernel array replaced by an MXArray (linen); for an
