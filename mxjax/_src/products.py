@@ -37,8 +37,7 @@ class Product:
     path: `module path / op name` (e.g. `layer_0/attn/einsum_1`), a layer's product by its
       layer path; "" where nothing named it.
     op: "einsum" (`jnp.einsum`), "dot_general" (`@`, `jnp.dot`, ...) or "ragged_dot".
-    lhs_shape, rhs_shape: operand shapes.
-    flops: 2 * (product of the output's and the contraction's sizes), per call.
+    lhs_shape, rhs_shape, flops: operand shapes; 2 * output size * contraction, per call.
     recipe: what it runs (e.g. "MXFP8BlockScaling(...)"), or None in high precision.
     reason: why it is in high precision (None when it is not).
     calls: how often the traced program runs it (a scan's length; 1 elsewhere).

@@ -61,8 +61,7 @@ def kind_of(recipe: Recipe | None) -> str:
 
 
 def init(recipe: Recipe | None) -> RecipeState:
-  """The initial state for `recipe`: zero amax histories, unit scales and one use for
-  DelayedScaling (f32[amax_history_len], f32[] and f32[] per role), no arrays otherwise."""
+  """The initial state: per role a zero amax history, unit scale, one use (DelayedScaling)."""
   tensors = {}
   if recipe is not None and recipe.delayed():
     one = jnp.ones((), jnp.float32)
@@ -78,8 +77,7 @@ def fp8_max(recipe: Recipe, role: str) -> float:
 
 
 def scale_from_amax(amax, recipe: Recipe, role: str, previous_scale=1.0) -> jax.Array:
-  """`fp8_max / amax / 2**margin` (f32[]); keeps `previous_scale` where amax is 0 or not
-  finite."""
+  """`fp8_max / amax / 2**margin` (f32[]); `previous_scale` where amax is 0 or not finite."""
   amax = jnp.asarray(amax, jnp.float32)
   scale = jnp.float32(fp8_max(recipe, role)) / amax / jnp.float32(2.0 ** recipe.margin)
   ok = (amax > 0) & jnp.isfinite(amax) & jnp.isfinite(scale)
