@@ -132,7 +132,8 @@ def element_format(fmt: str | ElementFormat) -> ElementFormat:
       case), or an `ElementFormat` (returned as it is).
 
   Raises:
-    TypeError, ValueError: not a str / ElementFormat; an unknown name.
+    TypeError: `fmt` is neither a str nor an ElementFormat.
+    ValueError: an unknown name.
   """
   if isinstance(fmt, ElementFormat):
     return fmt
