@@ -25,7 +25,12 @@ Presets, `preset(name, gemm_paths)`:
 
 A product's path is its module path plus an op name counted per module in call order
 (`layer_0/attn/einsum_1`, `mlp/dot_general_0`); a stock or mxjax layer's one
-product is named by its layer path (`mlp/Dense_0`).
+product is named by its layer path (`mlp/Dense_0`). A rule also names every product
+inside the modules it names: it is matched against the product's path and each of its
+enclosing module paths (`block_0/mlp/Dense_0`, `block_0/mlp`, `block_0`), so
+`(r"^block_0/mlp$", None)` keeps all of that MLP's products in high precision; a pattern
+that starts with a negative lookahead ("every path but ...": `^(?!block_0/mlp)`, the
+"mlp_only" preset's) is matched against the product's own path only.
 """
 
 from mxjax._src.rules import (  # noqa: F401  (the public names)

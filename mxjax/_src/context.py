@@ -1,15 +1,9 @@
 """Which recipe the GEMMs use: `autocast(...)`, `layer_rules(...)` and
 `quantized_model_init(...)`.
 
-All are context managers over `jax.make_user_context` values, so `jax.jit`'s cache is
-keyed on them: a jitted function called under another recipe is traced again instead of
-silently running the recipe it was first traced with. The values are recipes (frozen,
-hashable dataclasses) or None.
-
-    with mxjax.autocast(recipe=mxjax.DelayedScaling()):
-      loss = train_step(...)       # traced for DelayedScaling
-    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
-      loss = train_step(...)       # traced again, for MXFP8
+All are context managers over `jax.make_user_context` values (recipes or None), so
+`jax.jit`'s cache is keyed on them: a jitted function called under another recipe is
+traced again.
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ _AUTOCAST = jax.make_user_context(default_value=None)
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedInit:
-  """How `quantized_model_init` stores kernels: in `recipe`'s forward format, along the
-  contraction (one copy) or, with `columnwise`, as the pair (along the contraction, along
-  the output features)."""
+  """How `quantized_model_init` stores kernels: `recipe`'s weight format, one copy along the
+  contraction or, with `columnwise`, the pair (along the contraction, along the features)."""
 
   recipe: Recipe
   columnwise: bool = False
@@ -38,10 +31,8 @@ class QuantizedInit:
 
 _QUANTIZED_INIT = jax.make_user_context(default_value=None)
 
-#: The linen variable collection that holds the kernels made under `quantized_model_init`
-#: (as `batch_stats` holds BatchNorm's statistics): outside `params`, so neither `jax.grad`
-#: over the params nor an optax update ever sees them. NNX keeps them in
-#: `mxjax.nnx.QuantizedKernel` variables instead of `nnx.Param`.
+#: The linen collection of the kernels made under `quantized_model_init`: outside `params`,
+#: so gradients and optimizers never see them (NNX: `mxjax.nnx.QuantizedKernel`).
 QUANTIZED_KERNELS = "mx_kernels"
 
 
@@ -70,11 +61,8 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
   """Runs the mxjax modules (and functions that ask `get_recipe()`) under `recipe`.
 
   Args:
-    enabled: False computes in high precision (the modules' plain dtype), also inside an
-      enabled autocast.
+    enabled: False computes in high precision, also inside an enabled autocast.
     recipe: the recipe; None means `MXFP8BlockScaling()`.
-
-  Nested contexts restore the outer value on exit.
   """
   value = check_recipe(recipe, "autocast") if _check_enabled(enabled, "autocast") else None
   with _AUTOCAST(value):
@@ -82,11 +70,7 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 
 
 def get_recipe() -> Recipe | None:
-  """The recipe of the innermost enabled `autocast`; None outside one or when disabled.
-
-  Returns:
-    A `Recipe`, or None (high precision).
-  """
+  """The recipe of the innermost enabled `autocast`; None (high precision) outside one."""
   return _AUTOCAST.value
 
 
@@ -96,9 +80,8 @@ _LAYER_RULES = jax.make_user_context(default_value=None)
 
 @contextlib.contextmanager
 def layer_rules(rules):
-  """GEMM layers inside follow `rules` (see `mxjax.rules`) by their path; a layer no rule
-  matches runs the autocast recipe. Entering, leaving or changing the rules re-traces
-  `jax.jit`. `mxjax.linen.intercept` enters this for you."""
+  """GEMM layers inside follow `rules` (`mxjax.rules`) by their path; a layer no rule
+  matches runs the autocast recipe. `mxjax.linen.intercept` enters this for you."""
   with _LAYER_RULES(rules_lib.check(rules)):
     yield
 
@@ -109,9 +92,8 @@ def get_layer_rules() -> rules_lib.Rules | None:
 
 
 def recipe_for(path: str) -> Recipe | None:
-  """The recipe of the GEMM layer at `path` under an enabled autocast: the first matching
-  rule's under `layer_rules`, else the autocast recipe. None (high precision) outside an
-  enabled autocast, whatever the rules say."""
+  """The recipe of the GEMM layer at `path`: the first matching rule's under `layer_rules`,
+  else the autocast recipe; None outside an enabled autocast."""
   recipe = get_recipe()
   if recipe is None:
     return None
@@ -123,23 +105,16 @@ def quantized_model_init(enabled: bool = True, recipe: Recipe | None = None, *,
                          for_training: bool = False, columnwise: bool | None = None):
   """Modules initialized inside store their kernels quantized (MX recipes only).
 
-  Each kernel is quantized once from its high-precision initial value. By default (for
-  inference) it keeps one copy, blocks along the contraction: the forward's operand, at
-  the format's size, `params x (bits/8 + 1/block)` bytes (MXFP8 1.03 B/param, MXFP6 0.78,
-  MXFP4 0.53). With `for_training=True` it also keeps the dgrad's copy (blocks along the
-  output features, quantized from the same high-precision value with `quantize_2x`), which
-  doubles the bytes; `for_training=True, columnwise=False` keeps one copy for training
-  too: the dgrad then uses the stored copy's values, dequantized on the fly (no second
-  rounding; see the memory notes for the error this adds against the stored pair).
+  Each kernel is quantized once from its initial value. By default (inference) it keeps one
+  copy, blocks along the contraction (MXFP8 1.03 B/param, MXFP6 0.78, MXFP4 0.53);
+  `for_training=True` also keeps the dgrad's copy along the output features
+  (`quantize_2x`), doubling the bytes, unless `columnwise=False` (the dgrad then reuses the
+  stored copy's values).
 
-  Such weights are frozen: they are not trainable params at all. linen modules store them
-  in the variable collection `QUANTIZED_KERNELS` ("mx_kernels") instead of "params", so
-  `init` returns `{"params": {biases, norms, ...}, "mx_kernels": {... "kernel": MXArray or
-  pair}, ...}` and `apply` needs both collections; NNX modules hold them in
-  `mxjax.nnx.QuantizedKernel` variables instead of `nnx.Param`, so `nnx.grad` and
-  `nnx.Optimizer(..., wrt=nnx.Param)` leave them alone. (E8M0 scales have no zero: an
-  optimizer update of one, even a zero update, is NaN.) They can only be applied under a
-  matching recipe (or with autocast off, where they are dequantized).
+  Such weights are frozen: linen modules store them in the collection "mx_kernels"
+  (`apply` needs it next to "params"), NNX modules in `mxjax.nnx.QuantizedKernel`
+  variables, so gradients and optimizers leave them alone (E8M0 scales have no zero).
+  They run only under a matching recipe (or with autocast off, dequantized);
   `mxjax.memory_report` says per kernel which copies are kept.
 
   Args:

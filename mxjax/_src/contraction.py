@@ -1,9 +1,7 @@
-"""The canonical form of a contraction, shared by `mxjax.dot_general` and `mxjax.einsum`.
-
-Each operand maps to `lhs [*B, M, K]` or `rhs [*B, K, N]`: batch dims kept as they are,
-the free and the contracting dims each merged into one, in `lax.dot_general`'s output
-order. Under Explicit mesh axes the merges and splits keep each dim's shards in place
-(`mxjax._src.sharding.merge_dims` / `split_dim`; a dim that cannot is gathered first).
+"""The canonical form of a contraction (`mxjax.dot_general`, `mxjax.einsum`): `lhs [*B, M, K]`,
+`rhs [*B, K, N]`, batch dims kept, free and contracting dims each merged, in
+`lax.dot_general`'s output order. Under Explicit mesh axes merges and splits keep the shards
+in place (`sharding.merge_dims` / `split_dim`; a dim that cannot is gathered first).
 """
 
 from __future__ import annotations
@@ -22,10 +20,7 @@ from mxjax._src import sharding
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """How one operand maps to its canonical form: `[*B, M, K]` for lhs, `[*B, K, N]` for rhs.
-
-  Batch dims stay separate (merging two sharded ones would move data); the free and the
-  contracting dims are each merged into one."""
+  """How one operand maps to its canonical form: `[*B, M, K]` for lhs, `[*B, K, N]` for rhs."""
 
   shape: tuple[int, ...]
   batch: tuple[int, ...]
@@ -45,8 +40,7 @@ class Layout:
 
   @property
   def contract_axis(self) -> int:
-    """Where K sits in the canonical form, from the end (-2 or -1); the free axis is the
-    other one."""
+    """Where K sits in the canonical form, from the end (-2 or -1)."""
     return -2 if self.contract_first else -1
 
   @property
@@ -56,10 +50,6 @@ class Layout:
   def sizes(self, dims) -> tuple[int, ...]:
     return tuple(self.shape[d] for d in dims)
 
-  @property
-  def canonical_shape(self) -> tuple[int, ...]:
-    return tuple(math.prod(self.sizes(g)) for g in self.groups)
-
   def to_canonical(self, x: jax.Array) -> jax.Array:
     return merge_groups(jnp.transpose(x, self.perm), [len(g) for g in self.groups])
 
@@ -68,8 +58,7 @@ class Layout:
     return jnp.transpose(x, np.argsort(self.perm))
 
   def canonical_sharding(self, primal_sharding):
-    """The sharding of the canonical form of an operand sharded as `primal_sharding`
-    (a NamedSharding over Explicit axes, or None)."""
+    """The canonical form's sharding of an operand sharded as `primal_sharding` (or None)."""
     if primal_sharding is None:
       return None
     spec = padded_spec(primal_sharding, len(self.shape))
@@ -93,9 +82,7 @@ def merged_sharding(named: NamedSharding | None, shape, lengths: Sequence[int]):
 
 
 def merge_groups(x: jax.Array, lengths: Sequence[int]) -> jax.Array:
-  """x with each run of `lengths` consecutive dims merged into one. Under Explicit axes
-  the merged dims keep their shards (see `sharding.merge_dims`; a dim that cannot is
-  gathered first)."""
+  """x with each run of `lengths` consecutive dims merged into one, keeping shards."""
   starts = np.cumsum([0, *lengths]).tolist()
   shape = tuple(math.prod(x.shape[a:b]) for a, b in zip(starts, starts[1:]))
   spec = sharding.typed_spec(x)
@@ -113,8 +100,7 @@ def merge_groups(x: jax.Array, lengths: Sequence[int]) -> jax.Array:
 
 
 def split_groups(x: jax.Array, sizes: Sequence[Sequence[int]]) -> jax.Array:
-  """x with dim i split into dims of `sizes[i]`, keeping the shards under Explicit axes
-  (a dim whose shards do not fall on whole slices is gathered first)."""
+  """x with dim i split into dims of `sizes[i]`, keeping shards."""
   shape = tuple(d for group in sizes for d in group)
   spec = sharding.typed_spec(x)
   if spec is None:

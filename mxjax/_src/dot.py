@@ -1,11 +1,6 @@
 """Block-scaled `dot_general` and `matmul`: the product (`mxjax._src.product`) of any
-format, from its arguments or a recipe.
-
-Every product is canonicalized to `lhs [*B, M, K] x rhs [*B, K, N] -> [*B, M, N]`
-(`mxjax._src.contraction`: batch dims kept as they are, free and contracting dims each
-flattened, in `lax.dot_general`'s output order; for the usual `x[..., K] . w[K, N]` that
-is only a reshape), so blocks always run along the flattened axis each product contracts.
-`mxjax.einsum` reuses this canonical form.
+format, from its arguments or a recipe, in the canonical form `[*B, M, K] x [*B, K, N]`
+(`mxjax._src.contraction`), so blocks run along the flattened contraction.
 """
 
 from __future__ import annotations
@@ -22,9 +17,8 @@ DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int
 
 
 def roles_of(fwd_format, bwd_format, block_size, scale_mode, recipe=None) -> Roles:
-  """The roles of `dot_general`'s format arguments, or of `recipe` (a block-scaled one)
-  where given: an MX element name pair with an MX block size and scale mode, or
-  `BlockFormat`s (the forward's for x and w, the backward's for the gradient)."""
+  """The roles of `dot_general`'s format arguments (MX names, or `BlockFormat`s: the
+  forward's for x and w, the backward's for the gradient), or of a block-scaled `recipe`."""
   if isinstance(recipe, Roles):
     return recipe
   if recipe is not None:
@@ -34,12 +28,9 @@ def roles_of(fwd_format, bwd_format, block_size, scale_mode, recipe=None) -> Rol
                        "(per-tensor FP8 runs in mxjax's modules and interception)")
     return roles
   if isinstance(fwd_format, formats.BlockFormat) or isinstance(bwd_format, formats.BlockFormat):
-    fwd = formats.as_block_format(fwd_format, None if isinstance(
-        fwd_format, formats.BlockFormat) else block_size, None if isinstance(
-            fwd_format, formats.BlockFormat) else scale_mode)
-    bwd = formats.as_block_format(bwd_format, None if isinstance(
-        bwd_format, formats.BlockFormat) else block_size, None if isinstance(
-            bwd_format, formats.BlockFormat) else scale_mode)
+    fwd, bwd = (formats.as_block_format(f) if isinstance(f, formats.BlockFormat)
+                else formats.as_block_format(f, block_size, scale_mode)
+                for f in (fwd_format, bwd_format))
     return Roles(fwd.with_block((1, fwd.block_size)), fwd, bwd)
   fwd, bwd = formats.element_format(fwd_format), formats.element_format(bwd_format)
   for fmt in (fwd, bwd):
@@ -54,12 +45,9 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
   """`lax.dot_general` with both operands block-quantized along the contraction.
 
   Args:
-    lhs, rhs: bfloat16 / float16 / float32 arrays, or `MXArray`s quantized ahead of time
-      along their (single) contracting dimension (or in 2-D tiles), used as they are. An
-      operand may also be a pair `(along_contraction, along_free)` of MXArrays, as
-      `quantize_2x` makes for a 2-D weight; the second is used for the other operand's
-      gradient. MXArray operands are constants: differentiating with respect to one is a
-      TypeError.
+    lhs, rhs: bfloat16 / float16 / float32 arrays, or `MXArray`s quantized along their
+      single contracting dim (or in 2-D tiles), or a pair `(along_contraction,
+      along_free)` of MXArrays (`quantize_2x`). MXArray operands are constants.
     dimension_numbers: `((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))` as
       in `lax.dot_general`; any number of contracting and batch dims, any order.
     fwd_format: element format of both operands in the forward product (an MX name), or
@@ -67,18 +55,13 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
     bwd_format: element format (or `BlockFormat`) of the output gradient in dgrad and
       wgrad.
     block_size, scale_mode: as in `mxjax.quantize` (MX names only).
-    precision: taken as `lax.dot_general` takes it (Flax's layers pass theirs to an
-      injected `dot_general`), with nothing to choose: the products of quantized values
-      are exact and accumulate in f32, as `Precision.HIGHEST` would.
+    precision: accepted as `lax.dot_general` does; the products are exact, f32-accumulated.
     preferred_element_type: output dtype; default: the operands' result type.
-    out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
-      PartitionSpec of the mesh set by `jax.set_mesh`), as in `lax.dot_general`: needed,
-      as there, when a contracting dim is sharded.
+    out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`.
     recipe: a block-scaled recipe (`MXFP8BlockScaling()`, `NVFP4BlockScaling()`, ...), or
       `Roles`, whose formats replace the format arguments.
     rng: a JAX key for recipes with stochastic rounding (a new one per step).
-    name: the product's name, for errors and for the random signs of its Hadamard
-      transform (recipes with an RHT: each named product gets its own).
+    name: the product's name, for errors and the random signs of its Hadamard transform.
 
   Returns:
     An array of shape `batch + lhs free + rhs free` (as `lax.dot_general`).
@@ -90,8 +73,7 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
                        recipe_name=type(recipe).__name__ if recipe is not None and not
                        isinstance(recipe, Roles) else "",
                        has_key=rng is not None)
-  # Under shard_map, an operand replicated over an axis the other varies over is cast to
-  # varying here, outside the custom VJP: the cast's transpose psums its gradient.
+  # shard_map: cast to varying outside the custom VJP (the cast's transpose psums).
   lhs, rhs = operands.promote_weak(lhs, rhs)
   with products.marked("dot_general", config.lhs.shape, config.rhs.shape,
                        products.dot_flops(config.lhs.shape, config.rhs.shape,
@@ -124,24 +106,19 @@ def make_config(lhs, rhs, dimension_numbers, roles: Roles, preferred_element_typ
 def matmul(a, b, **kwargs) -> jax.Array:
   """`a @ b` with `jnp.matmul`'s shapes, via `dot_general` (keyword arguments as there).
 
-  a [..., M, K] (or [K]: a vector) and b [..., K, N] (or [K]); batch dims broadcast as in
-  `jnp.matmul`, and a vector's dim is dropped from the output. An MXArray (or pair) operand
-  keeps its shape: b [K, N], or batch dims equal to the other's; `out_sharding` needs
-  operands of rank >= 2 and no broadcasting.
+  Batch dims broadcast as in `jnp.matmul`; an MXArray (pair) operand or `out_sharding`
+  needs b [K, N] or equal batch dims.
 
   Args:
     a: bf16 / f16 / f32 array [..., M, K] or [K], or an MXArray (pair) quantized along K.
     b: bf16 / f16 / f32 array [..., K, N] or [K], or an MXArray (pair) quantized along K.
-    **kwargs: `dot_general`'s keyword arguments (`fwd_format`, `bwd_format`,
-      `block_size`, `scale_mode`, `preferred_element_type`, `out_sharding`, `recipe`, ...).
+    **kwargs: `dot_general`'s keyword arguments (`fwd_format`, `recipe`, ...).
 
   Returns:
-    An array of `jnp.matmul(a, b)`'s shape, of the operands' result dtype unless
-    `preferred_element_type` says otherwise.
+    An array of `jnp.matmul(a, b)`'s shape and (by default) result dtype.
 
   Raises:
-    ValueError: a scalar operand, batch dims that do not broadcast, or broadcasting that
-      MXArray operands or `out_sharding` cannot take.
+    ValueError: a scalar operand, or batch dims that do not broadcast (or cannot here).
   """
   a, b = operands.promote_weak(a, b)
   a_shape, b_shape = operands.info(a, "a")[0], operands.info(b, "b")[0]

@@ -1,17 +1,9 @@
 """Block-scaled two-operand `einsum`, on `mxjax.dot_general`'s canonical form.
 
-A two-operand einsum is a `dot_general` once three things are settled, which is all this
-file does before handing over (blocks, formats and the custom VJP are the dot's):
-
-- each operand keeps only the indices the other operand or the output needs: a repeated
-  index (a diagonal) or one that appears nowhere else (a sum) is taken out first, in the
-  operand's own precision, with `jnp.einsum` of that operand alone;
-- indices in both operands are contracted when the output lacks them and batch dims when
-  it has them (a size-1 dim of either kind broadcasts against the other operand's);
-- the product's dims (batch, lhs free, rhs free) are transposed to the output's order.
-
-An einsum that contracts nothing (an outer product) contracts a unit axis added to both
-operands, so each element is its own (zero-padded) block.
+Each operand first loses the indices nothing else needs (diagonals, sums: `jnp.einsum` of
+that operand alone, in its precision); shared indices are contracted or batch dims
+(size-1 dims broadcast); the product's dims are transposed to the output's order. An outer
+product contracts a unit axis added to both operands.
 """
 
 from __future__ import annotations
@@ -39,14 +31,9 @@ def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
       "...ij,jk", "bij,bjk->bki" (ellipses, implicit output and repeated indices allowed).
     *arrays: two bfloat16 / float16 / float32 arrays `a, b` (or MXArrays, as
       `dot_general` takes them, when no index needs to be taken out of them first).
-    fwd_format, bwd_format, block_size, scale_mode, precision, preferred_element_type: as
-      in `mxjax.dot_general` (E4M3 forward, E5M2 gradients, blocks along each product's
-      own contraction in the forward, dgrad and wgrad; `precision` has nothing to choose).
-    out_sharding: the output's sharding under Explicit mesh axes (a NamedSharding, or a
-      PartitionSpec over the current mesh), as `jnp.einsum` takes it.
-    recipe, rng, name: as in `mxjax.dot_general` (a block-scaled recipe's roles; a key
-      for stochastic rounding; the product's name, which seeds its Hadamard transform's
-      signs).
+    fwd_format, bwd_format, block_size, scale_mode, precision: as in `mxjax.dot_general`.
+    preferred_element_type, recipe, rng, name: as in `mxjax.dot_general`.
+    out_sharding: the output's sharding under Explicit mesh axes, as `jnp.einsum` takes it.
 
   Returns:
     The array `jnp.einsum(subscripts, a, b)` would give, in the operands' result dtype
@@ -69,10 +56,8 @@ def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
 
 def einsum_as_dot_general(subscripts: str, a, b, dot: Callable,
                           out_sharding=None) -> jax.Array:
-  """Computes a two-operand einsum with `dot(a, b, dimension_numbers)`, a function with
-  `lax.dot_general`'s contract (its output dims: batch, a's free, b's free). An
-  `out_sharding` of the einsum's output reaches `dot` as its `out_sharding=`, in the
-  product's dim order."""
+  """A two-operand einsum by `dot(a, b, dimension_numbers[, out_sharding=])`, a function
+  with `lax.dot_general`'s contract (`out_sharding` moved to the product's dim order)."""
   a_shape, b_shape = operands.info(a, "a")[0], operands.info(b, "b")[0]
   a_ix, b_ix, out_ix = parse_subscripts(subscripts, len(a_shape), len(b_shape))
   sizes = _index_sizes(subscripts, (a_ix, b_ix), (a_shape, b_shape))
@@ -162,8 +147,7 @@ def _index_sizes(subscripts, indices, shapes) -> dict[str, int]:
 
 
 def _keep_needed(x, ix: str, needed: str):
-  """x with only the distinct indices of `ix` that are in `needed` (diagonals and sums
-  taken out in x's own precision), and those indices."""
+  """(x, its indices) with only the distinct indices of `ix` in `needed`."""
   keep = "".join(dict.fromkeys(i for i in ix if i in needed))
   if keep == ix:
     return x, ix
@@ -171,8 +155,7 @@ def _keep_needed(x, ix: str, needed: str):
 
 
 def _broadcast_shared(a, a_ix, b, b_ix, shared, sizes):
-  """Broadcasts size-1 dims of either operand to the other's size, for the indices both
-  have (batch and contracted dims, as `jnp.einsum` broadcasts them)."""
+  """Broadcasts size-1 dims of the indices both operands have to the other's size."""
 
   def grow(x, ix):
     have = operands.info(x, "operand")[0]

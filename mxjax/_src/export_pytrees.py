@@ -1,7 +1,5 @@
-"""`jax.export` serialization of mxjax's pytree nodes (MXArray, RecipeState,
-TensorScaling), so that an exported function taking or returning them serializes
-(`Exported.serialize`) like one on plain arrays. Their static fields (str, int, float,
-bool, None, dtypes, block formats) travel as JSON."""
+"""`jax.export` serialization of mxjax's pytree nodes (MXArray, RecipeState, TensorScaling);
+their static fields travel as JSON."""
 
 from __future__ import annotations
 

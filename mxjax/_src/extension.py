@@ -1,11 +1,7 @@
 """Loads the compiled extension `mxjax._mxjax_ffi` and registers its XLA FFI targets.
 
-Targets (see the team contract): `mxjax_quantize`, `mxjax_quantize_2x`, `mxjax_dequantize`,
-for platform "cpu" and, when built with CUDA, "CUDA" under the same names;
-`mxjax_fake_quantize` (quantize then dequantize in one pass) and the block-scaled formats'
-`mxjax_block_quantize`, `mxjax_block_quantize_2x`, `mxjax_block_dequantize`,
-`mxjax_block_fake_quantize` for "cpu" only. Registering a target does not make the ops use it: `mxjax.backend` decides per
-platform.
+Targets for "cpu" and, when built with CUDA, "CUDA" (`targets(platform)` lists them);
+registering one does not make the ops use it: `mxjax._src.backend` decides per platform.
 """
 
 from __future__ import annotations
@@ -64,10 +60,8 @@ def runnable_simd() -> tuple[str, ...]:
 
 
 def set_simd(level: str) -> None:
-  """Makes `level` (one of runnable_simd()) the CPU kernel level of every kernel call that
-  starts after this, in this process; build_info()["simd"] reports it. For tests and
-  benchmarks: computations already dispatched (jax runs them asynchronously) may run at
-  either level, so wait for their results first. Raises ValueError for other levels."""
+  """Makes `level` (one of runnable_simd()) the CPU kernel level of kernel calls from now
+  on (wait for dispatched computations first). Raises ValueError for other levels."""
   if not _extension().set_simd(level):
     cap = os.environ.get("MXJAX_SIMD")
     raise ValueError(f"CPU kernel level {level!r} is not one this build and CPU run: "

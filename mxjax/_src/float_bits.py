@@ -1,10 +1,8 @@
 """Exact f32 arithmetic on bit patterns, for the plain-XLA codec (`mxjax._src.codec`).
 
-Only integer arithmetic touches values, because XLA's CPU (and some accelerators) flush
-f32 subnormals: inputs are widened to f32 bits exactly, rounded with integer shifts, and
-a nonzero magnitude that must be multiplied is carried as `(u, e)`: an f32 `u` in [1, 2)
-and an int32 exponent, so every product and quotient of the rules is exact-rounded to 24
-bits whatever the platform's FTZ setting.
+XLA's CPU flushes f32 subnormals, so values are handled as f32 bits with integer shifts,
+and a magnitude to multiply as `(u, e)` (f32 u in [1, 2), int32 e): every product and
+quotient is rounded to 24 bits exactly whatever the FTZ setting.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def round_shift(u, shift) -> jax.Array:
 
 
 def exponent_and_fraction(mag) -> tuple[jax.Array, jax.Array]:
-  """(floor(log2 |v|) int32, 23-bit fraction of |v| normalized) of nonzero f32 magnitudes
-  (uint32 bits, sign clear); subnormals are normalized with a count of leading zeros."""
+  """(floor(log2 |v|) int32, normalized 23-bit fraction) of nonzero f32 magnitude bits."""
   field = jnp.right_shift(mag, U32(23))
   top = 31 - lax.clz(mag).astype(I32)  # highest set bit of a subnormal's fraction
   subnormal = field == 0
@@ -72,8 +69,7 @@ def f32_bits(x) -> jax.Array:
 
 
 def from_f32_bits(bits, dtype) -> jax.Array:
-  """f32 bit patterns (uint32) -> `dtype`, rounded half to even with subnormals, overflow
-  to Inf, NaN to the quiet NaN of the same sign."""
+  """f32 bit patterns (uint32) -> `dtype`, rounded half to even (NaN: quiet, same sign)."""
   dtype = jnp.dtype(dtype)
   if dtype == jnp.float32:
     return lax.bitcast_convert_type(bits, jnp.float32)
@@ -120,8 +116,7 @@ def _sig(a):
 
 
 def div(a, b):
-  """a / b correctly rounded to 24 bits (by integer long division: XLA may rewrite a
-  float division as a reciprocal multiply)."""
+  """a / b correctly rounded to 24 bits (integer long division, never a reciprocal)."""
   q, e = reference.f32_divide((_sig(a), a[1] - 23), (_sig(b), b[1] - 23))
   return lax.bitcast_convert_type(U32(ONE) | (q & FRAC), jnp.float32), e + 23
 
@@ -133,8 +128,7 @@ def const(v: float):
 
 
 def bits_of(a, zero):
-  """f32 bits of (u, e): normals, subnormals rounded half to even, Inf past FLT_MAX; 0
-  where `zero`."""
+  """f32 bits of (u, e) (subnormals rounded half to even, Inf past FLT_MAX; 0 where `zero`)."""
   frac = lax.bitcast_convert_type(a[0], U32) & FRAC
   e = a[1]
   normal = jnp.left_shift(u32(jnp.clip(e + 127, 0, 255)), U32(23)) | frac
@@ -144,6 +138,5 @@ def bits_of(a, zero):
 
 
 def encode_operands(a):
-  """(bits, e) with the value of (u, e) = f32(bits) * 2**e, for an encoder that takes a
-  value as f32 bits times a power of two: u's bits (exponent 0) and e."""
+  """(u's f32 bits, e): the value of (u, e) as f32(bits) * 2**e, for an encoder."""
   return lax.bitcast_convert_type(a[0], U32), a[1]

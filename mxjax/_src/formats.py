@@ -1,17 +1,8 @@
-"""Block-scaled formats: one description, pure data (no JAX ops).
-
-A format is element format x scale format x block shape x an optional FP32 per-tensor
-scale (`BlockFormat`). OCP MX is one case (E8M0 scales, 1x32 blocks: `mx("e4m3")`);
-NVFP4 (E2M1, unsigned E4M3 scales, 1x16 or 16x16 blocks, a tensor scale: `nvfp4()`) and
-DeepSeek-style FP8 blocks (E4M3, FP32 scales, 1x128 or 128x128: `fp8_block()`) are
-others. `mxjax.reference` states the rules; the ops quantize any value of it.
-
-A block `(1, b)` is b consecutive elements along one axis (a GEMM operand's contraction);
-`(b, b)` a square tile over the last two axes, the same whichever of them a product
-contracts, so one quantized weight serves the forward and the dgrad.
-
-The integer ids (`ffi_id`) are what the C++ / CUDA kernels take; each is written out, so
-reordering an enum cannot remap a kernel's meaning.
+"""Block-scaled formats, pure data: element format x scale format x block shape x an
+optional FP32 tensor scale (`BlockFormat`): OCP MX (`mx`), NVFP4 (`nvfp4`), DeepSeek FP8
+blocks (`fp8_block`); `mxjax.reference` states the rules. A block `(1, b)` runs along one
+axis; `(b, b)` is a square tile over the last two axes (one quantized weight serves the
+forward and the dgrad). The kernels' ids (`ffi_id`) are written out, never enum order.
 """
 
 from __future__ import annotations
@@ -35,11 +26,9 @@ SCALE_EXP_MAX = 127
 
 
 class ScaleMode(str, enum.Enum):
-  """How an E8M0 scale's exponent is chosen from a block's amax.
-
-  FLOOR is the OCP rule `floor(log2(amax)) - emax` (the largest element may saturate);
-  RCEIL (NVIDIA / TE / cuBLAS, the default) rounds up so that no element saturates.
-  """
+  """How an E8M0 scale's exponent is chosen from a block's amax: FLOOR (OCP,
+  `floor(log2(amax)) - emax`, may saturate) or RCEIL (TE / cuBLAS, the default: no element
+  saturates)."""
 
   RCEIL = "rceil"
   FLOOR = "floor"
@@ -107,8 +96,7 @@ class ElementFormat:
     return jnp.dtype(jnp.uint8)
 
   def storage_length(self, n: int) -> int:
-    """Storage entries along the packed axis holding `n` logical elements: group g holds
-    elements `g * codes_per_group ...`; the last group is zero-padded."""
+    """Storage entries holding `n` elements along the packed axis (last group padded)."""
     return math.ceil(n / self.codes_per_group) * self.bytes_per_group
 
   @property
@@ -142,9 +130,6 @@ def element_format(fmt: str | ElementFormat) -> ElementFormat:
   Args:
     fmt: a name whose last "_" part is "e4m3", "e5m2", "e3m2", "e2m3" or "e2m1" (any
       case), or an `ElementFormat` (returned as it is).
-
-  Returns:
-    The `ElementFormat` (bits, emax, max, storage dtype, packing).
 
   Raises:
     TypeError: `fmt` is neither a str nor an ElementFormat.
@@ -210,8 +195,7 @@ class ScaleFormat(str, enum.Enum):
 
   @property
   def dtype(self) -> np.dtype:
-    """The dtype scales are held in: their values are the decode scales (E4M3 codes are
-    unsigned, so float8_e4m3fn holds them as they are)."""
+    """The dtype scales are held in (their values are the decode scales)."""
     return jnp.dtype({ScaleFormat.E8M0: jnp.float8_e8m0fnu, ScaleFormat.E4M3: jnp.float8_e4m3fn,
                       ScaleFormat.FP32: jnp.float32, ScaleFormat.FP32_POW2: jnp.float32}[self])
 
@@ -220,10 +204,6 @@ class ScaleFormat(str, enum.Enum):
     """The id of ffi/include/mxjax/block_codec.h's ScaleKind."""
     return {ScaleFormat.E8M0: 0, ScaleFormat.E4M3: 1, ScaleFormat.FP32: 2,
             ScaleFormat.FP32_POW2: 3}[self]
-
-
-#: Block shapes the library's recipes use (rows, cols); any other works too.
-BLOCK_SHAPES = ((1, 32), (1, 16), (16, 16), (32, 32), (1, 128), (128, 128))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,13 +271,11 @@ class BlockFormat:
 
   @property
   def mx_kernels(self) -> bool:
-    """Whether the MX kernels (the fast path) run it: E8M0 scales in 1-D blocks of 16, 32
-    or 64. Every other format runs the block-format kernels."""
+    """Whether the MX kernels (the fast path) run it: E8M0 in 1-D blocks of 16, 32, 64."""
     return self.scale is ScaleFormat.E8M0 and not self.two_d and self.block[1] in BLOCK_SIZES
 
   def bytes_per_element(self) -> float:
-    """Storage per element: element bits / 8 + the scale's bytes / elements per block
-    (the tensor scale's 4 bytes per tensor left out)."""
+    """Storage per element, element and block scale (not the tensor scale)."""
     return self.element_format.bits / 8 + self.scale.bytes / self.block_elements
 
   def with_block(self, block) -> "BlockFormat":
@@ -332,12 +310,7 @@ def fp8_block(element: str = "e4m3", *, two_d: bool = False, pow2: bool = True) 
 
 def as_block_format(format, block_size: int | None = None, mode=None) -> BlockFormat:
   """A BlockFormat from the public ops' arguments: a BlockFormat as it is (then no
-  `block_size` / `mode`), or an MX element format name with an MX block size (16, 32
-  or 64; default 32) and scale mode (default "rceil").
-
-  Raises:
-    TypeError, ValueError: bad names, sizes, or a BlockFormat given with either of them.
-  """
+  `block_size` / `mode`), or an MX element name with an MX block size and scale mode."""
   if isinstance(format, BlockFormat):
     if block_size is not None or mode is not None:
       raise ValueError(f"a BlockFormat ({format}) carries its own block and scale mode; "

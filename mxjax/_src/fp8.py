@@ -1,17 +1,10 @@
 """Per-tensor-scaled FP8 `dot_general` (DelayedScaling, Float8CurrentScaling), in jnp.
 
-One scale per tensor: `q = cast_fp8(clip(x * scale, -fp8_max, fp8_max))`, and the
-product is `(q_lhs . q_rhs) / (scale_lhs * scale_rhs)`, accumulated in f32.
-
-- DelayedScaling takes each scale from the recipe state (`mxjax.state`, settled to one
-  use), or from the tensor's own amax while its role has none recorded; the custom VJP
-  returns, as the gradient of that state, the next state (one use) with the amaxes of this
-  step's input, kernel and output gradient recorded (Flax's gradient-overwrite
-  convention).
-- Float8CurrentScaling computes each scale from the tensor's own amax.
-
-No kernels: XLA fuses the scaling and casts. The FP8 values are widened to f32 for the
-dot (exact), so the result is what an FP8 GEMM with f32 accumulation computes.
+`q = cast_fp8(clip(x * scale, -fp8_max, fp8_max))`; the product is
+`(q_lhs . q_rhs) / (scale_lhs * scale_rhs)`, FP8 values widened exactly to f32. DelayedScaling
+takes scales from the recipe state (while a role has an amax recorded) and returns the next
+state as that state's gradient (gradient overwrite); Float8CurrentScaling takes each scale
+from the tensor's own amax.
 """
 
 from __future__ import annotations
@@ -64,17 +57,14 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
   Args:
     lhs, rhs: bf16 / f16 / f32 arrays.
     dimension_numbers: as in `lax.dot_general`.
-    recipe: DelayedScaling or Float8CurrentScaling: formats (forward for lhs / rhs,
-      backward for the output gradient) and margin.
-    tensors: DelayedScaling only: role -> TensorScaling (`RecipeState.tensors`) whose
-      scales are used. Its gradient is the next state (all roles advanced).
+    recipe: DelayedScaling or Float8CurrentScaling.
+    tensors: DelayedScaling only: role -> TensorScaling (`RecipeState.tensors`); its
+      gradient is the next state (all roles advanced).
     preferred_element_type: output dtype; default the operands' result type.
-    out_sharding: the output's sharding under Explicit mesh axes, as in
-      `lax.dot_general`; the gradients are sharded as their operands.
+    out_sharding: the output's sharding under Explicit mesh axes.
 
   Returns:
-    (out, amaxes): the product, and {"input": f32[], "kernel": f32[]} the operands'
-    amaxes (for a forward-only state update; not differentiable).
+    (out, {"input": f32[], "kernel": f32[]} amaxes, not differentiable).
   """
   if not recipe.fp8():
     raise ValueError(f"mxjax._src.fp8.dot_general needs a per-tensor FP8 recipe, got {recipe}")
@@ -90,10 +80,8 @@ def dot_general(lhs, rhs, dimension_numbers, recipe: Recipe,
 
 
 def _scale(x, config: _Config, tensors, role: str):
-  """(scale, amax) for one tensor: from the state (delayed) or from x (current). A delayed
-  role with no amax recorded yet (its first step; the gradient's, for as long as only the
-  forward updates the state) also takes x's: the unit initial scale would flush small
-  gradients to zero and saturate large activations."""
+  """(scale, amax) for one tensor: from the state (delayed, once an amax is recorded) or
+  from x's amax."""
   amax = state_lib.tensor_amax(x, config.recipe)
   current = state_lib.scale_from_amax(amax, config.recipe, role)
   if tensors is None:
@@ -137,8 +125,7 @@ def _fp8_dot_fwd(config, lhs, rhs, tensors):
   return out, (q_in, q_k, s_in, s_k, amaxes, tensors)
 
 
-# The cotangent, as the backward reads it: differentiating the backward (grad of grad,
-# jax.hessian) raises instead of differentiating its quantizers (an all-NaN Hessian).
+# The cotangent: differentiating the backward (jax.hessian) raises, never an all-NaN result.
 _once = no_derivative(lambda g: g, "mxjax's per-tensor FP8 product's gradient")
 
 

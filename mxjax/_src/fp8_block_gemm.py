@@ -5,16 +5,15 @@ BLK128x128_32F scale modes; compute capability 9.x and cuBLASLt >= 12.9 only).
     out[..., n] = sum_j a_scales[..., j] * b_scale(n, j) * sum_{k in block j} a[..., k] * b[n, k]
 
 with the FP8 products summed in f32 per 128-wide K block and the blocks accumulated in f32.
-The operands are what `mxjax.reference.block_quantize` gives for `block_format.FP8_1X128`
-(a, and b with `b_block=1`) or `FP8_128X128` (b with `b_block=128`) along K, with the
-uint8 codes viewed as float8 (`jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)`)
-and the scales as f32 decode multipliers (value = code * scale; uint32 f32 bits are
-accepted as they are). No autodiff rule: callers wire it into their product's VJP.
+The operands are `mxjax.reference.block_quantize`'s for `FP8_1X128` (a; b with
+`b_block=1`) or `FP8_128X128` (b with `b_block=128`) along K, codes viewed as float8 and
+scales as f32 decode multipliers. No autodiff rule: callers wire it into their VJP.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +33,7 @@ def _blocks(n: int) -> int:
 
 
 def shape_error(m: int, n: int, k: int) -> str | None:
-  """Why cuBLASLt's block-scaled FP8 GEMM refuses out[m, n] = a[m, k] . b[n, k]^T (the
-  rule, in words), or None where the shape is accepted."""
+  """Why cuBLASLt's block-scaled FP8 GEMM refuses out[m, n] = a[m, k] . b[n, k]^T, or None."""
   if m % 8 or n % 8 or k % 16:
     return (f"cuBLASLt's FP8 block-scaled GEMM needs M % 8 == 0, N % 8 == 0 and K % 16 == 0 "
             f"(16-byte aligned FP8 rows, scale layouts of M, N multiples of 4, 16-byte rows "
@@ -44,8 +42,7 @@ def shape_error(m: int, n: int, k: int) -> str | None:
 
 
 def scratch_bytes(m: int, n: int, k: int, b_block: int) -> int:
-  """Bytes of the scratch result: room for both operands' scales in cuBLASLt's layouts
-  (256-byte aligned) plus WORKSPACE_BYTES."""
+  """Bytes of the scratch result: both scales in cuBLASLt's layouts plus the workspace."""
   pad = lambda x: -(-x // 256) * 256  # noqa: E731
   rows = _blocks(n) if b_block == BLOCK else n
   l = _blocks(k)
@@ -87,9 +84,8 @@ def fp8_block_gemm(a_codes, a_scales, b_codes, b_scales, *, b_block: int,
     out_dtype: bfloat16, float16 or float32.
 
   Returns:
-    [..., N] of out_dtype. M (the product of a's leading dims) and N must be multiples of
-    8 and K of 16 (`shape_error`). Runs only on a GPU where `available()` holds; elsewhere
-    XLA cannot lower the call (concrete non-GPU arrays raise RuntimeError here).
+    [..., N] of out_dtype (M, N multiples of 8, K of 16: `shape_error`). Runs only where
+    `available()` holds (concrete non-GPU arrays raise RuntimeError).
   """
   a = jnp.asarray(a_codes)
   b = jnp.asarray(b_codes)
@@ -109,9 +105,7 @@ def fp8_block_gemm(a_codes, a_scales, b_codes, b_scales, *, b_block: int,
                      f"{a.shape} and {b.shape}")
   *lead, k = a.shape
   n = b.shape[0]
-  m = 1
-  for d in lead:
-    m *= d
+  m = math.prod(lead)
   sa = _f32_scales(a_scales, "a_scales")
   sb = _f32_scales(b_scales, "b_scales")
   if sa.shape != (*lead, _blocks(k)):
@@ -151,9 +145,8 @@ def _probe(device) -> bool:
 
 
 def available(device=None) -> bool:
-  """Whether `fp8_block_gemm` runs on `device` (default: jax's default device): an NVIDIA
-  GPU of compute capability 9.x, an extension built with CUDA and the cuBLASLt header, and
-  a cuBLASLt >= 12.9 at run time (checked by one tiny cached call on the device)."""
+  """Whether `fp8_block_gemm` runs on `device` (default: the first): a 9.x GPU, a CUDA
+  build and cuBLASLt >= 12.9 (one tiny cached call checks)."""
   device = jax.devices()[0] if device is None else device
   if device.platform != "gpu" or not str(getattr(device, "compute_capability", "")).startswith("9."):
     return False

@@ -1,9 +1,5 @@
-"""The random Hadamard transform (RHT) of a GEMM's operands along their contraction.
-
-Applied to both operands along the axis they contract, an orthogonal transform leaves the
-product unchanged in exact arithmetic while it spreads outliers across each block, so a
-block-scaled format loses less of them (NVFP4's weight gradient, as TransformerEngine).
-"""
+"""The random Hadamard transform (RHT) of a GEMM's operands along their contraction: it
+cancels in the product and spreads outliers across each block (NVFP4's wgrad, as TE)."""
 
 from __future__ import annotations
 
@@ -29,18 +25,14 @@ def hadamard(n: int) -> np.ndarray:
 
 
 def rht_signs(seed: int, name: str, n: int) -> np.ndarray:
-  """The random signs (+-1, float32[n]) of one GEMM's transform: fixed by `seed` and the
-  GEMM's name."""
+  """The random signs (+-1, float32[n]) of the transform of the GEMM `name`."""
   rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
   return np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32)
 
 
 def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
-  """`x` with a block Hadamard transform along `axis`: each run of n = len(signs)
-  elements times `H diag(signs) / sqrt(n)` (orthogonal), in f32; the axis is zero padded
-  to a multiple of n (the padding stays). Applying it to both operands along their
-  contraction leaves the product unchanged in exact arithmetic. Under Explicit mesh axes
-  that shard `axis`, the axis is gathered first (a run of n may cross shards)."""
+  """`x` (f32) with each run of n = len(signs) elements along `axis` times
+  `H diag(signs) / sqrt(n)`; the axis is zero padded to a multiple of n (kept)."""
   n = len(signs)
   axis = axis % x.ndim
   x = x.astype(jnp.float32)

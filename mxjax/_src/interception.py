@@ -1,24 +1,14 @@
 """Every product of a traced program, as an MX product: `quantized(fn, rules)`.
 
-The one interception core behind `mxjax.quantized`, `mxjax.linen.intercept` and
-`mxjax.nnx.quantize`. It traces the function to a jaxpr and evaluates it again, equation
-by equation, with each floating-point `dot_general` (what `jnp.einsum`, `jnp.matmul` /
-`@`, `jnp.dot`, `jnp.tensordot` and `lax.dot_general` all trace to) and each
-`ragged_dot_general` replaced by mxjax's product under the recipe of its path. It recurses
-into `jit`, `scan`, `while`, `cond`, `checkpoint` (remat) and `shard_map`, rebuilding each
-with the same parameters; a `custom_vjp` / `custom_jvp` function (whose derivative rule is
-its author's) and mxjax's own products run as they are.
-
-A product's path is its module path (the name stack: Flax's module names, `jax.named_scope`)
-plus an op name counted per module in trace order: `einsum_N` for `jnp.einsum`,
-`dot_general_N` for everything else that traces to a `dot_general` (`@`, `jnp.dot`,
-`jnp.matmul`, `jnp.tensordot`, `lax.dot_general`), `ragged_dot_N`:
-`layer_0/attn/einsum_1`, `mlp/dot_general_0`. The first rule whose pattern `re.search`-es it decides
-(`mxjax.rules`); no rule: the autocast recipe. A product stays in high precision, and
-`mxjax.coverage` says why, for: a rule's None, an operand that is not bf16 / f16 / f32, a
-contraction shorter than one block, a recipe that keeps per-layer state (DelayedScaling:
-only layers keep state). MXArray leaves of the arguments (`mxjax.quantize_params`) are
-dequantized where the function reads them.
+The interception core behind `mxjax.quantized`, `mxjax.linen.intercept` and
+`mxjax.nnx.quantize`: the function is traced to a jaxpr and evaluated again with each
+floating-point `dot_general` and `ragged_dot_general` replaced by mxjax's product under the
+recipe of its path (`mxjax.rules`: module path plus `einsum_N` / `dot_general_N` /
+`ragged_dot_N`). It recurses into `jit`, `scan`, `while`, `cond`, `checkpoint` and
+`shard_map`; `custom_vjp` / `custom_jvp` functions and mxjax's own products run as they
+are. A product stays in high precision (`mxjax.coverage` says why) for a rule's None, a
+dtype other than bf16 / f16 / f32, a contraction shorter than one block, or a stateful
+recipe. MXArray leaves of the arguments are dequantized where the function reads them.
 """
 
 from __future__ import annotations
@@ -58,12 +48,10 @@ def quantized(fn, rules=None, *, name: str | None = None):
     name: what warnings call the function (default its `__name__`).
 
   Returns:
-    A function with `fn`'s signature plus a keyword `mx_rng`: the key of recipes with
-    stochastic rounding (`NVFP4BlockScaling`, ...; a new one per step, e.g.
-    `jax.random.fold_in(key, step)`), folded with each product's number. Under an enabled
-    `mxjax.autocast` it traces `fn` and runs each product as the MX product of its rule;
-    outside one it is `fn` itself (bit for bit). Warns, once per trace, when it quantizes
-    no product (naming the reasons) and for each rule that matches no product path.
+    A function with `fn`'s signature plus a keyword `mx_rng` (the key of recipes with
+    stochastic rounding, a new one per step). Under an enabled `mxjax.autocast` it runs
+    each product as the MX product of its rule; outside one it is `fn` itself. Warns, once
+    per trace, when it quantizes no product and for each rule that matches no path.
   """
   checked = None if rules is None else rules_lib.check(rules, "mxjax.quantized rules")
   label = name or getattr(fn, "__name__", type(fn).__name__)
@@ -87,12 +75,9 @@ def run(fn, args, kwargs, *, recipe, rules, where: str, strip: str = "",
     strip: a leading name-stack part that is not a module path (a linen root's name).
     dequantize: `(args, kwargs) -> (args, kwargs)` with the MXArrays the function's code
       reads as arrays dequantized (default: every MXArray leaf).
-    rng: a key for recipes with stochastic rounding (linen: the "mx" rng stream), folded
-      with each product's number.
-
-  The leaves of the first `weight_args` arguments are the weights (and what makes them:
-  a linen init's rngs): a product of two values computed from other inputs (attention's
-  QK^T and PV) is a product between activations.
+    rng: a key for recipes with stochastic rounding, folded with each product's number.
+    weight_args: how many leading arguments are weights (a product of two values computed
+      from the others is between activations).
   """
   leaves, tree = jax.tree.flatten((args, kwargs))
   n_weights = len(jax.tree.leaves(args[:weight_args]))
@@ -148,11 +133,8 @@ class _Walk:
     self.made = 0  # MX products, made here or met as made (mxjax's layers, hooks)
     self.met: set[int] = set()  # the records of the products met as made
 
-  # -- evaluation ---------------------------------------------------------------------
-
   def eval(self, jaxpr, consts, args, stack: str, weights) -> list:
-    """Evaluates `jaxpr` on `args`; `weights[i]`: whether args[i] is computed from the
-    weights alone (constants are)."""
+    """Evaluates `jaxpr` on `args`; `weights[i]`: whether args[i] comes from weights alone."""
     env, env_w = {}, {}
 
     def read(v):
@@ -264,8 +246,6 @@ class _Walk:
                        axis_names=set(p["newly_manual_axes"]), check_vma=p["check_vma"])
     return fn(*invals)
 
-  # -- products -----------------------------------------------------------------------
-
   def _module(self, names: str) -> str:
     """The module path in a name stack (without the root's own scopes)."""
     parts = products._plain_path(names).split("/") if names else []
@@ -277,8 +257,7 @@ class _Walk:
   def _name(self, names: str, op: str | None = None) -> tuple[str, str]:
     """(path, op) of a product: module path / op name with a per-module count."""
     module = self._module(names)
-    if op is None:  # jnp.einsum traces under a scope named by its equation
-      op = "einsum" if any("->" in p for p in names.split("/")) else "dot_general"
+    op = op or products.dot_op(names)
     number = self.counts[(module, op)]
     self.counts[(module, op)] += 1
     return (f"{module}/{op}_{number}" if module else f"{op}_{number}"), op
@@ -320,9 +299,7 @@ class _Walk:
                            rng=self._key(recipe))[0]
 
   def _key(self, recipe):
-    """The stochastic-rounding key of one product: the call's key (linen's "mx" rng
-    stream) folded with its number; None without one (the backward then says where a key
-    goes; a forward alone needs none)."""
+    """The SR key of one product: the call's key folded with its number, or None."""
     if not recipe.needs_rng() or self.rng is None:
       return None
     return jax.random.fold_in(self.rng, len(self.paths))
@@ -342,7 +319,7 @@ class _Walk:
     if recipe is not None and p.get("group_offset") is not None:
       recipe, reason = None, "a ragged_dot_general with a group_offset"
     self._note(path, recipe, reason)
-    flops = 2 * math.prod(jnp.shape(lhs)) * jnp.shape(rhs)[-1]
+    flops = products.ragged_flops(jnp.shape(lhs), jnp.shape(rhs))
     if recipe is None:
       with products.marked(op, jnp.shape(lhs), jnp.shape(rhs), flops, None, reason, path,
                            activations):
@@ -352,8 +329,7 @@ class _Walk:
                                name=path, preferred_element_type=eqn.outvars[0].aval.dtype)
 
   def _custom(self, eqn, invals, names, count: int):
-    """A custom_vjp / custom_jvp function with `count` products: as it is (its derivative
-    rule is its author's), its products reported as kept, by its path."""
+    """A custom_vjp / custom_jvp function with `count` products: as it is, reported kept."""
     kind = eqn.primitive.name.removesuffix("_call")
     reason = f"inside a {kind} function (its own derivative rule)"
     module = self._module(names)
@@ -368,8 +344,6 @@ class _Walk:
       self.kept[reason.split(" '")[0] if reason.startswith("rule") else reason] += 1
     else:
       self.made += 1
-
-  # -- warnings -----------------------------------------------------------------------
 
   def report(self, where: str) -> None:
     """Warns when nothing was quantized, and for each rule that matched no path."""

@@ -22,10 +22,8 @@ class MemoryReport:
       of one kernel counts once).
     quantized_nbytes, quantized_f32_nbytes: the same, over quantized kernels only.
     entries: 'path' -> (nbytes, f32_nbytes) per array or quantized kernel.
-    copies: 'path' -> which copies a quantized kernel keeps, e.g. "e4m3 along axis 0
-      (1 copy)" or "e4m3 along axes 0, 1 (2 copies)": the axis each copy's blocks run
-      along (for a kernel [K, N] of mxjax's modules, 0 is the contraction: the forward's
-      copy; 1 the output features: the dgrad's copy).
+    copies: 'path' -> the copies a quantized kernel keeps, e.g. "... along axes 0, 1 (2
+      copies)" (axis 0 of a [K, N] kernel: the forward's copy; 1: the dgrad's).
   """
 
   nbytes: int
@@ -53,8 +51,7 @@ class MemoryReport:
 
   @property
   def quantized_bytes_per_param(self) -> float:
-    """Bytes per parameter of the quantized kernels (4 x `quantized_ratio`): one MXFP8
-    copy with 32-blocks is 1 + 1/32 = 1.03."""
+    """Bytes per parameter of the quantized kernels (4 x `quantized_ratio`)."""
     return 4 * self.quantized_ratio
 
   def table(self) -> str:
@@ -72,16 +69,14 @@ def _is_kernel(x) -> bool:
 
 
 def memory_report(variables) -> MemoryReport:
-  """Counts the bytes of every array and quantized kernel in `variables`: any pytree, e.g.
-  linen variables or an NNX module (not its `nnx.state`, which splits each quantized
-  kernel into arrays that no longer say their logical shape).
+  """Counts the bytes of every array and quantized kernel in `variables`.
 
   Args:
-    variables: any pytree of arrays and MXArrays (linen variables, an NNX module).
+    variables: any pytree of arrays and MXArrays (linen variables, an NNX module; not its
+      `nnx.state`, which loses the kernels' logical shapes).
 
   Returns:
-    A `MemoryReport`: bytes per entry and in total, against the same arrays in f32, with
-    the quantized kernels' share; `str()` of it is a one-line summary.
+    A `MemoryReport` (bytes per entry and in total, against f32; `str()`: one line).
 
   Raises:
     TypeError: given an `nnx.State` instead of the module.

@@ -20,23 +20,17 @@ from mxjax._src.formats import BlockFormat
 class MXArray:
   """A tensor quantized to a block-scaled format (`BlockFormat`: MX, NVFP4, FP8 blocks).
 
-  Children (traced): `data`, `scales` and `tensor_scale`. Everything else is static
-  metadata, so an MXArray crosses `jax.jit`, `jax.vmap`, `jax.grad` and Flax variable
-  collections.
+  Children (traced): `data`, `scales` and `tensor_scale`; the rest is static metadata.
 
   Attributes:
-    data: the element codes, packed along the packed axis (`axis`: the quantized axis of
-      1-D blocks, the last axis of 2-D tiles). FP8: float8_e4m3fn / float8_e5m2 of the
-      logical shape; FP6 / FP4: uint8, 4 codes in 3 bytes / 2 codes per byte, so the
-      packed axis has `element_format.storage_length(n)` entries.
-    scales: one per block, in `format.scale.dtype` (float8_e8m0fnu, float8_e4m3fn or
-      float32), holding the decode scales: the logical shape with `ceil(n / b)` along the
-      packed axis (1-D), or `[..., ceil(R / b), ceil(C / b)]` (tiles).
-    tensor_scale: f32 scalar S of formats with one (NVFP4): values are
-      `code * scale / S`; None otherwise.
+    data: the element codes along the packed axis (`axis`; the last for tiles): FP8 as
+      float8 of the logical shape; FP6 / FP4 packed in uint8
+      (`element_format.storage_length(n)` entries).
+    scales: the decode scales, one per block, in `format.scale.dtype`: `ceil(n / b)` along
+      the packed axis (1-D), or `[..., ceil(R / b), ceil(C / b)]` (tiles).
+    tensor_scale: f32 scalar S (NVFP4): values are `code * scale / S`; else None.
     format: the `BlockFormat`.
-    axis_from_end: the packed axis counted from the end (-1 is the last axis; always -1
-      for tiles). Counting from the end keeps it true when `jax.vmap` adds leading axes.
+    axis_from_end: the packed axis counted from the end (-1 for tiles; true under vmap).
     length: the logical length of the packed axis.
     dtype: the high-precision dtype the tensor was quantized from.
   """
@@ -51,8 +45,7 @@ class MXArray:
 
   def __init__(self, data, scales, format, axis_from_end: int, length: int, dtype,
                tensor_scale=None, *, block_size: int | None = None, scale_mode=None):
-    """`format` is a BlockFormat, or an MX element format name with `block_size` and
-    `scale_mode` (as MXArrays were made before other formats existed)."""
+    """`format` is a BlockFormat, or an MX element name with `block_size`, `scale_mode`."""
     fmt = formats.as_block_format(format, block_size, scale_mode)
     for name, value in (("data", data), ("scales", scales), ("tensor_scale", tensor_scale),
                         ("format", fmt), ("axis_from_end", axis_from_end), ("length", length),
@@ -61,8 +54,7 @@ class MXArray:
     self._check()
 
   def _check(self):
-    # Also runs when jax rebuilds the tree (jit, vmap, tree.map): a vmap axis placed at or
-    # after the packed axis (in_axes / out_axes) cannot update the static metadata.
+    # Also runs when jax rebuilds the tree (jit, vmap, tree.map).
     shapes = [getattr(a, "shape", None) for a in (self.data, self.scales)]
     if None in shapes or not all(isinstance(d, int) for shape in shapes for d in shape):
       return  # stand-ins (None, sentinels, PartitionSpecs) or symbolic shapes
@@ -137,8 +129,6 @@ class MXArray:
     return dequantize(self, dtype)
 
   def __array__(self, dtype=None, copy=None):
-    # Without this, np.asarray(mx) silently makes a 0-d object array and jnp.asarray(mx)
-    # fails with an unrelated message.
     raise TypeError(f"{self!r} is block-scaled; it has no single array value until "
                     f"decoded: call .dequantize(dtype) for a bf16 / f16 / f32 array.")
 
@@ -173,10 +163,7 @@ def _restore(target: MXArray, state: dict) -> MXArray:
   return dataclasses.replace(target, **restored)
 
 
-# Flax's checkpoint route (`flax.serialization.to_bytes` / `from_bytes`, `to_state_dict` /
-# `from_state_dict`): an MXArray's state is its arrays (data and scales, as before other
-# formats existed, plus the tensor scale where there is one); the static metadata comes
-# from the restore target, as for any pytree node.
+# Flax checkpoints: the arrays; the static metadata comes from the restore target.
 flax.serialization.register_serialization_state(MXArray, _state_dict, _restore)
 # jax.export's route (an exported function that takes or returns MXArrays).
 export_pytrees.register(MXArray, "MXArray")

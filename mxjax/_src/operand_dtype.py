@@ -1,11 +1,8 @@
 """The operand dtype of the MX product on CPU: the one XLA's CPU GEMM is faster at.
 
-MX element values times their power-of-two scales are exact in bfloat16 and in float32, so
-the product may dequantize to either. XLA's CPU dot of bf16 operands (f32 accumulation)
-runs at full speed only on CPUs with bf16 dot instructions (AVX512_BF16, AMX-BF16); on
-others (AVX2-only x86 such as Zen 1-3, most laptops and CI runners) it converts inside the
-GEMM and is ~1.5x slower than the f32 dot. `MXJAX_CPU_OPERAND_DTYPE=bfloat16|float32`
-overrides the choice.
+MX values are exact in both bf16 and f32; XLA's CPU bf16 dot is fast only with bf16 dot
+instructions (AVX512_BF16, AMX-BF16), else ~1.5x slower than f32.
+`MXJAX_CPU_OPERAND_DTYPE=bfloat16|float32` overrides the choice.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""A product's operands: what they are (arrays, MXArrays, MXArray pairs), their checks,
-and their canonical form (`mxjax._src.contraction`), with the moves Explicit mesh axes
-need (FSDP: a weight split along the axis the batch is split over)."""
+"""A product's operands (arrays, MXArrays, MXArray pairs): checks, canonical form, and the
+moves Explicit mesh axes need (FSDP)."""
 
 from __future__ import annotations
 
@@ -40,16 +39,13 @@ def info(x, name: str, where: str = "mxjax.dot_general"):
 
 
 def result_dtype(a, b):
-  """The dtype `jnp.matmul` / `jnp.einsum` give `a` and `b`: weak types count (a bf16
-  array and a weakly typed f32 one give bf16); an MXArray counts as its high-precision
-  dtype."""
+  """The dtype `jnp.matmul` gives `a` and `b` (weak types count; an MXArray as its dtype)."""
   return jnp.result_type(*(x if is_array(x) else info(x, "operand")[1] for x in (a, b)))
 
 
 def promote_weak(lhs, rhs):
-  """A weakly typed array operand of a dtype no format can quantize (a Python scalar's f64
-  under `jax_enable_x64`) cast to the dtype jnp's promotion gives it with the other
-  operand, as `jnp.matmul` does (f32 with an f32 array); other operands as they are."""
+  """A weakly typed operand of a dtype no format takes (f64 under x64) cast as
+  `jnp.matmul` promotes it; other operands as they are."""
   def promoted(x):
     if (not is_array(x) or not getattr(jax.typeof(x), "weak_type", False)
         or jnp.dtype(x.dtype) in formats.HIGH_PRECISION_DTYPES):
@@ -79,8 +75,7 @@ def named(out_sharding, where: str = "mxjax.dot_general") -> NamedSharding | Non
 
 
 def canonical_mx(a: MXArray, layout: contraction.Layout, role: str, name: str) -> MXArray:
-  """An MXArray operand in canonical form: quantized along K (role "contract"), along the
-  free axis ("free"), or in 2-D tiles ("tile": over K and the free axis, as stored)."""
+  """An MXArray operand in canonical form; `role`: "contract", "free" or "tile" (2-D)."""
   if role == "tile":
     if a.ndim != 2 or layout.perm != (0, 1):
       raise ValueError(
@@ -103,9 +98,8 @@ def canonical_mx(a: MXArray, layout: contraction.Layout, role: str, name: str) -
 
 
 def canonical(config, lhs, rhs):
-  """The array operands in canonical form (MXArrays as they are). Under Explicit axes an
-  operand whose contraction is split over an axis the other one splits another dim over
-  (FSDP) is moved first, once (`sharding.unshared_contraction`)."""
+  """The array operands in canonical form (MXArrays as they are), moved first under
+  Explicit axes where FSDP needs (`sharding.unshared_contraction`)."""
   lhs_c = config.lhs.to_canonical(lhs) if config.lhs_array else lhs
   rhs_c = config.rhs.to_canonical(rhs) if config.rhs_array else rhs
   block = config.roles.x.block_size
@@ -129,11 +123,8 @@ def canonical(config, lhs, rhs):
 
 
 def _gathered_mx(x, layout: contraction.Layout, other_c, other_layout: contraction.Layout):
-  """A stored quantized operand (an MXArray or a pair) whose contracted dim is split,
-  under Explicit axes, over a mesh axis the other operand uses for another dim (FSDP: a
-  weight stored once, sharded over the batch's axis): its codes and scales moved first, as
-  `unshared_contraction` moves a high-precision operand. So the step gathers the format's
-  bytes per weight, not its dequantized value."""
+  """A stored MXArray (or pair) moved as `unshared_contraction` moves an array operand
+  (FSDP): the step gathers the format's bytes, not the dequantized value."""
   other = sharding.typed_spec(other_c)
   if other is None or len(layout.contract) != 1:
     return x
@@ -156,8 +147,7 @@ def _gathered_mx(x, layout: contraction.Layout, other_c, other_layout: contracti
 
 
 def _moved_bytes(a: jax.Array, spec: PartitionSpec) -> jax.Array:
-  """`a` (codes or scales) resharded to `spec` as unsigned ints: XLA's CPU would widen
-  float8 values to f16 / f32 for the collective; bits move as they are."""
+  """`a` resharded to `spec` as unsigned ints (XLA's CPU would widen float8 values)."""
   bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(a.dtype).itemsize]
   moved = jax.sharding.reshard(lax.bitcast_convert_type(a, bits), spec)
   return lax.bitcast_convert_type(moved, a.dtype)

@@ -1,33 +1,25 @@
-"""The one block-scaled product: a custom VJP over roles (`mxjax._src.roles.Roles`), under
-`dot_general`, `einsum` and the Flax modules, for every format.
-
-Canonical form `lhs = x [*B, M, K]`, `rhs = w [*B, K, N]` (`mxjax._src.contraction`):
+"""The one block-scaled product: a custom VJP over `Roles`, under `dot_general`, `einsum`
+and the Flax modules, for every format. Canonical form `x [*B, M, K] . w [*B, K, N]`:
 
   forward   out = q(x, K) . q(w, K)                       / (S_x S_w)
   dgrad     dx  = q(g, N; SR) . q(w, N)                   / (S_g S_w)
   wgrad     dw  = q(R x, M)^T . q(R g, M; SR)             / (S_x S_g)
 
-q quantizes to the role's format (1-D blocks along the named axis; a 2-D tile's q(w, K)
-and q(w, N) are one array), S are the FP32 tensor scales of formats with one (applied to
-the output, as a block-scaled GEMM's alpha), R is the random Hadamard transform along M
-where the roles ask for it (it cancels: R^T R = I), and SR is stochastic rounding of the
-gradient, from bits on the global index of g's canonical form (any mesh gives the same).
+q quantizes to the role's format along the named axis (a 2-D tile's q(w, K) and q(w, N)
+are one array), S are FP32 tensor scales (applied to the output), R is the random Hadamard
+transform along M where the roles ask for it (R^T R = I), and SR is stochastic rounding
+of the gradient from bits on the global index of g's canonical form.
 
-The forward keeps only the quantized copies the backward needs (both of an operand come
-from its high-precision value in one pass, `quantize_2x`, where the format allows); a
-forward with no backward (inference) quantizes and dequantizes each array operand in one
-pass. The quantizers are straight-through: `dx = g . q(w)` and `dw = q(x)^T . g` up to
-the quantization of g and of the saved operands.
+The forward keeps only the quantized copies the backward needs (`quantize_2x` where the
+format allows); inference quantizes and dequantizes each array operand in one pass. The
+quantizers are straight-through.
 
-Each product dequantizes its operands exactly to the narrowest dtype that holds them
-(bf16 for every format but FP32 non-power-of-two scales, which take f32; f32 also on CPUs
-whose GEMM is faster there, `mxjax._src.operand_dtype`), and XLA's dot accumulates in
-f32. Every product of two dequantized elements is exact while both are at least 2^-126;
-a smaller one, which only occurs in blocks whose scale is near the bottom of its range,
-may be lost: XLA's CPU flushes subnormals. XLA's CPU runtime rejects a bf16 x bf16 -> f32
-dot in some layouts ("Unsupported element type for DotThunk::Execute"): where a transpose
-of the result is folded in (so the product sits behind an optimization barrier), and,
-under vmap, where the lhs contracts its first dim (that lhs is transposed first).
+Operands are dequantized exactly to bf16 (f32 for FP32 non-power-of-two scales, and on
+CPUs whose GEMM is faster there: `mxjax._src.operand_dtype`) and XLA's dot accumulates in
+f32; a product of elements below 2^-126 may be lost (XLA's CPU flushes subnormals). XLA's
+CPU rejects a bf16 x bf16 -> f32 dot in some layouts ("Unsupported element type for
+DotThunk::Execute"): where a transpose of the result is folded in (hence the optimization
+barrier), and, under vmap, where the lhs contracts its first dim (transposed first).
 """
 
 from __future__ import annotations
@@ -61,12 +53,11 @@ class Config:
   out_dtype: Any
   lhs_dtype: Any
   rhs_dtype: Any
-  # Explicit axes: the primal operands' shardings (their cotangents get the same) and the
-  # requested output sharding; None where the type names no mesh axis.
+  # Explicit axes: the operands' (and cotangents') and the output's shardings, or None.
   lhs_sharding: Any = None
   rhs_sharding: Any = None
   out_sharding: Any = None
-  # Whether each operand is an array (differentiable), not MXArrays (constants).
+  # Whether each operand is an array (differentiable), not MXArrays.
   lhs_array: bool = True
   rhs_array: bool = True
   where: str = ""  # the product's name: errors, and the RHT's signs
@@ -85,14 +76,9 @@ def run(config: Config, lhs, rhs, key=None) -> jax.Array:
   return _product(config, lhs, rhs, stochastic.seed_of(key))
 
 
-# ---------------------------------------------------------------------------------------
-# Quantized operands
-
-
 @dataclasses.dataclass(frozen=True)
 class _OnUse:
-  """An array operand quantized only as it is dequantized for a product: one pass
-  (`ops.values`), equal to `quantize(...).dequantize(dtype)` without the tensor scale."""
+  """An array operand quantized as it is dequantized, in one pass (`ops.values`)."""
   x: jax.Array
   fmt: BlockFormat
   axis: int
@@ -103,8 +89,7 @@ class _OnUse:
 
 
 def _values(a, dtype):
-  """(values without the tensor scale in `dtype`, decode factor 1 / S or None) of a
-  quantized operand (an MXArray or an `_OnUse`)."""
+  """(values without the tensor scale in `dtype`, 1 / S or None) of an MXArray / `_OnUse`."""
   if isinstance(a, _OnUse):
     return a.values(dtype)
   inv = None if a.tensor_scale is None else 1.0 / a.tensor_scale
@@ -118,8 +103,7 @@ def _quantized(x, fmt: BlockFormat, axis: int, rand=None) -> MXArray:
 
 
 def _both(x, fmt: BlockFormat, along: int, other: int, transformed=None):
-  """(q(x, along), q(x', other)) of a canonical array operand; x' = `transformed` (the
-  RHT's) or x. One pass where the format allows (1-D blocks, the same input)."""
+  """(q(x, along), q(x', other)) of a canonical array; x' = `transformed` (RHT) or x."""
   if fmt.two_d and transformed is None:
     a = _quantized(x, fmt, -1)
     return a, a
@@ -135,10 +119,8 @@ def _both(x, fmt: BlockFormat, along: int, other: int, transformed=None):
 
 def _prepare(x, layout: contraction.Layout, fmt: BlockFormat, name: str, for_backward: bool,
              transform=None):
-  """(quantized along K, quantized along the free axis or None) in canonical form, from x
-  in canonical form (an array) or as given (MXArrays). Without `for_backward`
-  (inference) the first is an `_OnUse` for arrays. `transform`: the RHT applied to the
-  copy along the free axis."""
+  """(along K, along the free axis or None) in canonical form, from a canonical array or
+  MXArrays as given; an `_OnUse` for arrays in inference. `transform`: the free copy's RHT."""
   if isinstance(x, tuple):
     return (operands.canonical_mx(x[0], layout, "contract", name),
             operands.canonical_mx(x[1], layout, "free", name))
@@ -152,10 +134,6 @@ def _prepare(x, layout: contraction.Layout, fmt: BlockFormat, name: str, for_bac
   return _both(x, fmt, layout.contract_axis, layout.free_axis, transformed)
 
 
-# ---------------------------------------------------------------------------------------
-# Products of quantized operands
-
-
 def _operand_dtype(*fmts: BlockFormat):
   """The narrowest dtype holding both operands' values exactly (see the module doc)."""
   exact_bf16 = all(f.scale is not ScaleFormat.FP32 for f in fmts)
@@ -167,8 +145,8 @@ def _fmt(a) -> BlockFormat:
 
 
 def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
-  """Product (f32) of two quantized canonical operands `[*B, X, Y]` contracting the
-  last-two-dims positions `contract`, with their tensor scales applied."""
+  """f32 product of quantized canonical `[*B, X, Y]` operands contracting positions
+  `contract` of the last two dims, tensor scales applied."""
   dtype = _operand_dtype(_fmt(a), _fmt(b))
 
   def with_operands(dtype, dot):
@@ -196,9 +174,8 @@ def _fp8_block(fmt: BlockFormat) -> bool:
 
 
 def _fp8_tensor_core_gemm(a, b, contract: tuple[int, int]):
-  """The product of two FP8-block operands on Hopper's FP8 tensor cores (cuBLASLt's
-  block-scaled GEMM, `mxjax._src.fp8_block_gemm`) where this GPU, the build and the
-  shapes allow it; None elsewhere (the dequantized product then runs)."""
+  """The product of two FP8-block operands on Hopper's FP8 tensor cores
+  (`mxjax._src.fp8_block_gemm`) where the GPU, build and shapes allow; else None."""
   fa, fb = _fmt(a), _fmt(b)
   if not (_fp8_block(fa) and _fp8_block(fb)) or (fa.two_d and fb.two_d) or (
       fa.element == fb.element == "e5m2"):
@@ -230,8 +207,7 @@ def _shape(a) -> tuple[int, ...]:
 
 
 def _rows_by_k(a, contract: int):
-  """(codes [rows, K], scales) of a 2-D quantized operand whose position `contract` is K
-  (an `_OnUse` quantized first), K-contiguous as cuBLASLt's FP8 GEMM reads them."""
+  """(codes [rows, K], scales) of a 2-D operand whose position `contract` is K."""
   if isinstance(a, _OnUse):
     a = _quantized(a.x, a.fmt, a.axis, a.rand)
   if contract == 1:
@@ -240,8 +216,7 @@ def _rows_by_k(a, contract: int):
 
 
 def _dot(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
-  """f32-accumulated `lax.dot_general` of `[*B, X, Y]` arrays contracting the last-two-dims
-  positions `contract`, behind an optimization barrier (see the module docstring)."""
+  """f32 `lax.dot_general` of `[*B, X, Y]` arrays, behind an optimization barrier."""
   batch = tuple(range(a.ndim - 2))
   dims = (((len(batch) + contract[0],), (len(batch) + contract[1],)), (batch, batch))
   precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
@@ -252,9 +227,7 @@ def _dot(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _cpu_bf16_dot(contract: tuple[int, int], out_sharding=None):
-  """`_dot` for bf16 operands on CPU. Under vmap, an lhs that contracts its first dim (the
-  weight gradient's `q(lhs, M)^T`) is transposed first, behind a barrier: XLA's CPU
-  rejects the batched dot otherwise (see the module docstring)."""
+  """`_dot` for bf16 on CPU; under vmap an lhs contracting its first dim is transposed."""
 
   @custom_vmap
   def dot(a, b):
@@ -275,10 +248,6 @@ def _cpu_bf16_dot(contract: tuple[int, int], out_sharding=None):
 
 def _reshard(x: jax.Array, named: NamedSharding | None) -> jax.Array:
   return x if named is None else jax.sharding.reshard(x, named)
-
-
-# ---------------------------------------------------------------------------------------
-# The custom VJP
 
 
 def _rht(config: Config):
@@ -333,8 +302,7 @@ def _gradient_copies(config: Config, g, seed):
 
 
 def _product_bwd(config: Config, residuals, g):
-  """(dlhs, drhs, None); None (a symbolic zero) for MXArray operands, and for both where g
-  is."""
+  """(dlhs, drhs, None); None for MXArray operands, and for both where g is zero."""
   if isinstance(g, SymbolicZero):
     return None, None, None
   lhs_m, rhs_n, seed = residuals
@@ -356,9 +324,8 @@ def _product_bwd(config: Config, residuals, g):
 
 
 def _primal(x, name: str):
-  """An operand of `_product_fwd` without its `CustomVJPPrimal` wrappers (symbolic zeros).
-  Differentiating with respect to an MXArray operand is refused: its scales have no zero
-  cotangent in general (E8M0 has no zero), so its cotangent could only be NaN."""
+  """An operand without its `CustomVJPPrimal` wrappers; refuses a perturbed MXArray (E8M0
+  scales have no zero cotangent)."""
   is_primal = lambda leaf: isinstance(leaf, CustomVJPPrimal)  # noqa: E731
   leaves = jax.tree.leaves(x, is_leaf=is_primal)
   if not operands.is_array(x) and any(leaf.perturbed for leaf in leaves):

@@ -1,17 +1,9 @@
 """What a program quantized: a record per product, and `coverage(fn, *args)`.
 
-Every product mxjax computes (`mxjax.dot_general` / `einsum` / `matmul`, `ragged_dot`,
-the per-tensor FP8 product, and every product interception keeps in high precision) is
-traced under a named scope `mx#N` that points to a `Product` record. The traced program is
-then its own report: `coverage` walks its jaxpr, takes each marked product's record, and
-counts every unmarked `dot_general` / `ragged_dot_general` as a high-precision product
-that nothing intercepted. Nothing is kept aside from the program, so the report is what
-the program computes, under `jit`, `grad`, `scan` or a Flax transform alike.
-
-    with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
-      report = mxjax.coverage(mxjax.quantized(loss), params, batch)
-    print(report)            # one row per product: path, shapes, GFLOP, recipe or reason
-    report.mx_share          # MX share of all dot FLOPs
+Every product mxjax computes (or interception keeps in high precision) is traced under a
+named scope `mx#N` pointing to a `Product` record, so the traced program is its own report:
+`coverage` walks its jaxpr, taking each marked product's record and counting every unmarked
+`dot_general` / `ragged_dot_general` as one nothing intercepted.
 """
 
 from __future__ import annotations
@@ -42,18 +34,14 @@ class Product:
   """One product of a traced program.
 
   Attributes:
-    path: its path, `module path / op name` (e.g. `layer_0/attn/einsum_1`); a stock or
-      mxjax layer's product is named by its layer path; "" where nothing named it.
-    op: "einsum" (`jnp.einsum`), "dot_general" (`@`, `jnp.dot`, `jnp.matmul`,
-      `jnp.tensordot`, `lax.dot_general`) or "ragged_dot".
-    lhs_shape, rhs_shape: operand shapes.
-    flops: 2 * (product of the output's and the contraction's sizes), per call.
-    recipe: what it runs: a recipe's description (e.g. "MXFP8BlockScaling(...)"), an MX
-      format ("MX e4m3/e5m2, block 32"), or None in high precision.
+    path: `module path / op name` (e.g. `layer_0/attn/einsum_1`), a layer's product by its
+      layer path; "" where nothing named it.
+    op: "einsum" (`jnp.einsum`), "dot_general" (`@`, `jnp.dot`, ...) or "ragged_dot".
+    lhs_shape, rhs_shape, flops: operand shapes; 2 * output size * contraction, per call.
+    recipe: what it runs (e.g. "MXFP8BlockScaling(...)"), or None in high precision.
     reason: why it is in high precision (None when it is not).
     calls: how often the traced program runs it (a scan's length; 1 elsewhere).
-    activations: whether neither operand comes from the weights alone (attention's QK^T
-      and PV); known where interception made or met the product.
+    activations: whether neither operand comes from the weights alone (attention's QK^T).
   """
 
   path: str
@@ -79,9 +67,6 @@ def dot_flops(lhs_shape, rhs_shape, dimension_numbers) -> int:
   return 2 * math.prod(lhs_shape[i] for i in (*lc, *lb)) * math.prod(free_l) * math.prod(free_r)
 
 
-# ---------------------------------------------------------------------------------------
-# Records: a product's scope `mx#N` names record N.
-
 _RECORDS: dict[int, Product] = {}
 _MAX_RECORDS = 1 << 16
 _IDS = itertools.count()
@@ -105,8 +90,7 @@ def describe(recipe) -> str:
 
 @contextlib.contextmanager
 def label(path: str, op: str, recipe, activations: bool = False):
-  """The mxjax product made inside is recorded as `path` / `op` running `recipe` (what
-  interception and the layers know and `mxjax.dot_general` does not)."""
+  """The mxjax product made inside is recorded as `path` / `op` running `recipe`."""
   _labels().append((path, op, None if recipe is None else describe(recipe), activations))
   try:
     yield
@@ -141,8 +125,7 @@ def record_of(name_stack: str) -> tuple[int, Product] | None:
 
 
 class ProductPath(str):
-  """A product's path, as `gemm_paths` lists it: a `str` (what rules match) that also
-  carries its `Product` record (`.product`: op, shapes, FLOPs, `activations`)."""
+  """A product's path (`gemm_paths`): a `str` carrying its `Product` record (`.product`)."""
 
   product: Product
 
@@ -166,18 +149,13 @@ def paths_to_quantize(report: "Coverage") -> list[ProductPath]:
   return paths
 
 
-# ---------------------------------------------------------------------------------------
-# The report
-
-
 @dataclasses.dataclass(frozen=True)
 class Coverage:
   """Every product of a traced program, in trace order (see `coverage`).
 
   Attributes:
     products: one `Product` per product, in trace order.
-    autocast: the recipe of the enabled `mxjax.autocast` the program was traced under,
-      described (e.g. "MXFP8BlockScaling(e4m3/e5m2, block 32)"); None outside one.
+    autocast: the enabled `mxjax.autocast`'s recipe, described; None outside one.
   """
 
   products: tuple[Product, ...]
@@ -219,26 +197,21 @@ class Coverage:
 def coverage(fn, *args, **kwargs) -> Coverage:
   """Every product `fn(*args, **kwargs)` computes, under the current context.
 
-  Traces `fn` once (nothing runs) and reports each `dot_general`, `einsum`, `@`,
-  `ragged_dot` ... of the traced program: its path, shapes, FLOPs and recipe, or "high
-  precision" with the reason (a rule, an integer operand, a contraction shorter than one
-  block, nothing intercepted it, ...). Call it as you call the function, inside the same
-  `autocast` / `intercept`::
+  Traces `fn` once (nothing runs) and reports each product's path, shapes, FLOPs and
+  recipe, or the reason it is in high precision. Call it inside the same `autocast` /
+  `intercept` as the function::
 
       with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()), mxjax.linen.intercept():
         print(mxjax.coverage(model.apply, variables, tokens))
 
-  Outside an enabled `autocast` the table's first line says so, products left in high
-  precision give that as their reason, and a `UserWarning` tells: a 0% MX share there
-  means "no recipe", not a model that cannot be quantized.
+  Outside an enabled `autocast` the table and a `UserWarning` say so.
 
   Args:
     fn: any function of arrays (jitted or not).
-    *args: its positional arguments (arrays or `jax.ShapeDtypeStruct` values).
-    **kwargs: its keyword arguments.
+    *args, **kwargs: its arguments (arrays or `jax.ShapeDtypeStruct` values).
 
   Returns:
-    A `Coverage`: `.products` (`Product` rows in trace order), `.mx_share`, `.table()`.
+    A `Coverage`: `.products` (in trace order), `.mx_share`, `.table()`.
   """
   import mxjax  # noqa: PLC0415 - the public context (products sits below it)
   recipe = mxjax.get_recipe()
@@ -280,10 +253,9 @@ def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: se
     if name in ("dot_general", "ragged_dot_general"):
       lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
       if name == "dot_general":
-        flops = dot_flops(lhs, rhs, eqn.params["dimension_numbers"])
-        op = "einsum" if any("->" in part for part in names.split("/")) else "dot_general"
-      else:  # [M, K] x [G, K, N]: each row meets one group
-        flops, op = 2 * math.prod(lhs) * rhs[-1], "ragged_dot"
+        flops, op = dot_flops(lhs, rhs, eqn.params["dimension_numbers"]), dot_op(names)
+      else:
+        flops, op = ragged_flops(lhs, rhs), "ragged_dot"
       path = "/".join(p for p in (prefix, _plain_path(names)) if p)
       out.append(Product(path, op, tuple(lhs), tuple(rhs), flops, None,
                          inside or NOT_INTERCEPTED, calls))
@@ -302,6 +274,16 @@ def products_in(eqn) -> int:
   for sub in jex_core.jaxprs_in_params(eqn.params):
     _walk(sub, "", 1, None, out, set())
   return len(out)
+
+
+def dot_op(names: str) -> str:
+  """A dot_general's op name: "einsum" under an einsum equation's scope."""
+  return "einsum" if any("->" in part for part in names.split("/")) else "dot_general"
+
+
+def ragged_flops(lhs_shape, rhs_shape) -> int:
+  """FLOPs of `[M, K] x [G, K, N]`: each row meets one group."""
+  return 2 * math.prod(lhs_shape) * rhs_shape[-1]
 
 
 def _plain_path(names: str) -> str:

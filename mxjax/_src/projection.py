@@ -1,8 +1,5 @@
-"""The quantized projection the Flax modules share: `x[..., K] . kernel[K, N]` under a recipe.
-
-Framework-free: the linen and nnx modules read the kernel and the recipe state, call
-`reconcile_state` and `project`, and store what they return.
-"""
+"""The quantized projection the Flax modules share: `x[..., K] . kernel[K, N]` under a
+recipe (framework-free: the modules call `reconcile_state` and `project`)."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ _DIMS = lambda x: (((x.ndim - 1,), (0,)), ((), ()))  # noqa: E731  x[..., K] . w
 
 
 def flat_features_sharding(out_sharding, n_lead: int, n_features: int):
-  """The sharding of an output [*lead, *features] (`n_lead`, `n_features` dims) with the
-  features flattened to one dim, as the projection makes it; None stays None."""
+  """The sharding of an output [*lead, *features] with the features flattened to one dim."""
   if out_sharding is None or n_features == 1:
     return out_sharding
   named = isinstance(out_sharding, NamedSharding)
@@ -48,17 +44,8 @@ def is_quantized(kernel) -> bool:
 
 
 def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
-  """Flax's `promote_dtype` step, as a stock layer takes it, with room for a quantized kernel.
-
-  Args:
-    promote: (x, kernel, bias) -> the same, promoted (the layer's `promote_dtype` with its
-      `dtype`, in its framework's calling convention).
-    x, kernel, bias: the input, the kernel (an array, or quantized: a `param_dtype` scalar
-      stands in for it and it is kept as it is) and the bias (or None).
-
-  Returns:
-    (x, kernel, bias, dtype): promoted, and the product's dtype (x's and the kernel's).
-  """
+  """(x, kernel, bias, product dtype) after Flax's `promote` `(x, kernel, bias) -> same`;
+  a quantized kernel is kept (a `param_dtype` scalar stands in for it)."""
   quantized = is_quantized(kernel)
   stand_in = jnp.zeros((), param_dtype) if quantized else kernel
   x, promoted, bias = promote((x, stand_in, bias))
@@ -67,9 +54,8 @@ def promote_operands(promote: Callable, x, kernel, bias, param_dtype):
 
 
 def quantize_kernel(w, recipe: Recipe, columnwise: bool = False):
-  """A [K, N] kernel quantized to `recipe`'s weight format: one MXArray of 2-D tiles
-  (serving the forward and the dgrad), or in 1-D blocks the pair (along K, along N) with
-  `columnwise` and the along-K MXArray alone without."""
+  """A [K, N] kernel in `recipe`'s weight format: 2-D tiles, the pair (along K, along N)
+  with `columnwise`, else the along-K MXArray."""
   fmt = weight_format(recipe, "quantize_kernel")
   if fmt.two_d:
     return quantize(w, fmt)
@@ -88,9 +74,8 @@ def weight_format(recipe: Recipe, where: str):
 
 
 def kernel_2d(kernel, n_in: int, where: str):
-  """A quantized kernel in the 2-D form `[K, N]` a projection takes: as it is when 2-D;
-  an MXArray `[in_dim, *features]` along axis 0 (`mxjax.quantize_params` of a kernel that
-  contracts one dim) with its feature dims merged (the blocks stay as they are)."""
+  """A quantized kernel in 2-D form `[K, N]`: an MXArray `[in_dim, *features]` along axis 0
+  with its feature dims merged."""
   if isinstance(kernel, tuple) or kernel.ndim == 2:
     return kernel
   if n_in != 1 or kernel.axis != 0 or kernel.format.two_d:
@@ -111,8 +96,7 @@ def weight_recipe(kernel) -> Recipe:
 
 
 def check_quantized_kernel(kernel, recipe: Recipe | None, where: str) -> None:
-  """Raises `ValueError("Recipe mismatch for ...")` if a quantized kernel cannot run
-  under `recipe` (None is fine: the kernel is dequantized)."""
+  """Raises `ValueError("Recipe mismatch ...")` where a quantized kernel cannot run."""
   if recipe is None:
     return
   first = kernel[0] if isinstance(kernel, tuple) else kernel
@@ -128,10 +112,8 @@ def reconcile_state(stored: state_lib.RecipeState | None, recipe: Recipe | None,
                     where: str, can_write: bool):
   """The state to run `recipe` with, and whether it replaces `stored`.
 
-  Returns (state, replaced): `state` matches the recipe; `replaced` says it must be
-  written back (the stored one was made for another recipe kind, or there is none).
-  Warns `Recipe type changed` when a state made for one recipe meets another one and
-  arrays are discarded or made afresh (not between two stateless recipes).
+  `replaced`: write it back (none stored, or another kind). Warns `Recipe type changed`
+  where arrays are discarded or made afresh.
   """
   if stored is not None and not isinstance(stored, state_lib.RecipeState):
     raise TypeError(
@@ -193,17 +175,13 @@ def project(x, kernel, recipe: Recipe | None, recipe_state: state_lib.RecipeStat
     kernel: [K, N] array of the computation dtype, or a quantized kernel (MXArray pair).
     recipe: None (high precision), an MX recipe or a per-tensor FP8 recipe.
     recipe_state: the state for `recipe` (`reconcile_state`).
-    held_state: a stored state that this step does not advance (another kind): its
-      gradient is itself, so gradient overwrite keeps it.
+    held_state: a stored state this step does not advance (its gradient is itself).
     dtype: the output dtype.
     where: the module's name, for errors.
     dimension_numbers: as in `lax.dot_general`; default `x[..., K] . kernel[K, N]`.
-    precision: passed to `lax.dot_general` in high precision (the MX and FP8 products
-      fix their own).
-    out_sharding: the output's sharding under Explicit mesh axes, as in `lax.dot_general`
-      (needed where the contraction is sharded).
-    rng: a JAX key for recipes with stochastic rounding (`recipe.needs_rng()`): Flax's
-      "mx" rng stream; None elsewhere.
+    precision: passed to `lax.dot_general` in high precision.
+    out_sharding: the output's sharding under Explicit mesh axes.
+    rng: a JAX key for recipes with stochastic rounding (`recipe.needs_rng()`).
     path: the product's path, for `mxjax.coverage` (None: named by its scope).
 
   Returns:

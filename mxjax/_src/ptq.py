@@ -1,6 +1,5 @@
-"""Post-training quantization: a trained high-precision variables tree with its kernels
-stored in a block-scaled format (one copy: the recipe's weight format, blocks along the
-contraction or 2-D tiles), `quantize_params`.
+"""Post-training quantization: `quantize_params` stores a trained variables tree's kernels
+in the recipe's weight format (one copy).
 
     variables = checkpointer.restore(path, target)          # trained f32 / bf16 params
     mx_variables = mxjax.quantize_params(variables, mxjax.MXFP4BlockScaling())
@@ -10,6 +9,7 @@ contraction or 2-D tiles), `quantize_params`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable
 
@@ -45,10 +45,9 @@ def _check_block_recipe(recipe, where: str) -> Recipe:
 
 
 def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "kernel"):
-  """A kernel `[*contracted (contract_ndim dims), *features]` as one MXArray, blocks along
-  its contraction: of `w`'s shape along axis 0 when one dim is contracted (2-D tiles:
-  and one feature dim); in 2-D form `[prod(contracted), prod(features)]` otherwise (how
-  mxjax's DenseGeneral stores its kernels quantized: tiles lie on the product's [K, N])."""
+  """A kernel `[*contracted (contract_ndim dims), *features]` as one MXArray along axis 0:
+  of `w`'s shape, or in 2-D form `[prod(contracted), prod(features)]` where it contracts
+  several dims or 2-D tiles meet several feature dims (as mxjax's DenseGeneral stores it)."""
   shape = tuple(jnp.shape(w))
   dtype = jnp.dtype(getattr(w, "dtype", jnp.float32))
   if len(shape) < 2:
@@ -63,51 +62,34 @@ def quantize_kernel(w, recipe: Recipe, contract_ndim: int = 1, where: str = "ker
                      f"contract {contract_ndim} leading dims (it needs a feature dim)")
   fmt = projection.weight_format(recipe, "quantize_params")
   if contract_ndim > 1 or (fmt.two_d and len(shape) - contract_ndim > 1):
-    k = 1
-    for d in shape[:contract_ndim]:
-      k *= d
-    w = jnp.reshape(w, (k, -1))
+    w = jnp.reshape(w, (math.prod(shape[:contract_ndim]), -1))
   return quantize(w, fmt, axis=0)
 
 
 def quantize_params(variables, recipe: Recipe | None = None, rules=None, *,
                     contract_ndim: int | Callable[[str], int] = 1):
-  """`variables` with the kernels stored in the recipe's weight format: one MXArray each,
-  in blocks along the contraction or 2-D tiles (what the forward needs: the format's
-  bytes per param, e.g. `bits/8 + 1/block` for MX).
+  """`variables` with the kernels stored in the recipe's weight format, one MXArray each.
 
-  Which leaves are kernels: every leaf named `kernel` (the linen / NNX convention for the
-  weight of a Dense, DenseGeneral, Linear, LinearGeneral, Einsum, Conv...), plus any leaf
-  whose path a rule with a recipe matches. Each is quantized under the recipe of the first
-  rule whose pattern `re.search`-es its path (`"params/block_0/mlp/wi/kernel"`: the keys
-  joined by "/"), None keeping it in high precision, else under `recipe`. Its contraction
-  is its leading dim (`contract_ndim` leading dims), as in Flax's layers; everything else
-  is returned as it is.
+  Kernels: every leaf named `kernel`, plus any leaf whose path (`"params/mlp/wi/kernel"`) a
+  rule with a recipe matches. Each runs the first matching rule's recipe (None: kept in
+  high precision), else `recipe`; it contracts its leading dim(s), as in Flax's layers.
 
   Args:
-    variables: a linen variables dict (e.g. `{"params": ...}`, restored with orbax) or
-      its params, or an NNX state (`nnx.state(model)`). It traces:
-      `jax.eval_shape(quantize_params, abstract_variables)` gives the target an orbax
-      restore of the result needs.
+    variables: a linen variables dict or its params, or an NNX state (`nnx.state(model)`);
+      `jax.eval_shape` of this gives an orbax restore target.
     recipe: the block-scaled recipe of the kernels no rule decides (MX, NVFP4, FP8
       blocks); None: `MXFP8BlockScaling()`.
     rules: `(pattern, recipe or None)` pairs (`mxjax.rules`); each must match a leaf.
     contract_ndim: how many leading dims of each kernel are contracted, or a function of
-      its path. A kernel that contracts several dims (a DenseGeneral with `axis=(-2, -1)`),
-      or has several feature dims under a format of 2-D tiles, is stored in 2-D form
-      `[prod(contracted), prod(features)]`, as mxjax's DenseGeneral keeps it (stock code
-      reading that kernel needs its own shape: leave it out).
+      its path (several: stored in 2-D form, as mxjax's DenseGeneral keeps it).
 
   Returns:
-    The same tree with each picked kernel array replaced by an MXArray (linen); for an
-    NNX state, each picked `nnx.Param` replaced by a `mxjax.nnx.QuantizedKernel` holding
-    the MXArray (frozen: `nnx.grad` and optimizers over `nnx.Param` leave it alone), so
-    `nnx.merge(graphdef, state)` or `nnx.update(model, state)` gives a model that runs
-    from it. An MXArray already there (quantized earlier) is kept if it fits its recipe.
+    The same tree with each kernel an MXArray (NNX: a frozen `mxjax.nnx.QuantizedKernel`
+    in place of the `nnx.Param`); an MXArray already there is kept if it fits its recipe.
 
   Raises:
-    ValueError: naming the path: a kernel that is not 2-D or more, a rule that matches no
-      leaf, a recipe that is not block-scaled, an MXArray there that another recipe made.
+    ValueError: naming the path: a kernel below 2-D, a rule matching no leaf, a recipe
+      that is not block-scaled, an MXArray another recipe made.
   """
   where = "quantize_params"
   recipe = _check_block_recipe(recipe, where)

@@ -1,19 +1,16 @@
 """Block-scaled grouped GEMM for mixture-of-experts: `ragged_dot(lhs [M, K], rhs [G, K, N],
 group_sizes)` under roles (`mxjax._src.roles`), for every format.
 
-Rows `lhs[start_g : start_g + group_sizes[g]]` meet expert `rhs[g]` (`jax.lax.ragged_dot`'s
-contract; rows past the last group give zeros). Each product quantizes along its own
-contraction, as `mxjax.dot_general` does:
+Rows `lhs[start_g : start_g + group_sizes[g]]` meet expert `rhs[g]` (as `lax.ragged_dot`;
+rows past the last group give zeros); each product quantizes along its contraction:
 
   forward   out[m]  = q(lhs, K)[m] . q(rhs[g(m)], K)           / (S_x S_w)
   dgrad     dlhs[m] = q(g, N; SR)[m] . q(rhs[g(m)], N)^T       / (S_g S_w)
   wgrad     drhs[g] = q_g(R lhs, M)^T . q_g(R g, M; SR)         / (S_x S_g)
 
-The wgrad contracts the rows of one group: its blocks run along M inside the group, which
-is laid out in a zero buffer starting at a multiple of the block (and of the Hadamard
-size, R acting within each group), so group boundaries need not be multiples of the
-block and a group may be empty (`mxjax.reference.group_fake_quantize` states it). A 2-D
-weight format tiles each expert's [K, N]; the input and the gradient take 1-D blocks.
+The wgrad's blocks run along M inside each group, laid out in a zero buffer at a multiple
+of the block (and Hadamard size), so groups may have any size
+(`mxjax.reference.group_fake_quantize`). A 2-D weight format tiles each expert's [K, N].
 Operands are dequantized to f32 and the products accumulate in f32.
 """
 
@@ -21,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -77,16 +73,14 @@ def ragged_dot(lhs, rhs, group_sizes, *, fwd_format="e4m3", bwd_format="e5m2",
     group_sizes: [G] int32, the rows of each group (sum <= M; any may be 0).
     fwd_format, bwd_format, block_size, scale_mode: as in `mxjax.dot_general`.
     preferred_element_type: the output dtype; default the operands' result type.
-    recipe, rng, name: as in `mxjax.dot_general` (a block-scaled recipe's roles; a key for
-      stochastic rounding; the product's name).
+    recipe, rng, name: as in `mxjax.dot_general`.
 
   Returns:
     [M, N] of `preferred_element_type`.
 
   Raises:
-    ValueError: operands that are not [M, K], [G, K, N] and [G]; roles with 2-D input or
-      gradient blocks.
-    TypeError: operands that are not bf16 / f16 / f32, or group sizes not integers.
+    ValueError: other shapes; roles with 2-D input or gradient blocks.
+    TypeError: operands not bf16 / f16 / f32, or group sizes not integers.
   """
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],) or (
@@ -105,15 +99,14 @@ def ragged_dot(lhs, rhs, group_sizes, *, fwd_format="e4m3", bwd_format="e5m2",
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
   config = _Config(roles, out_dtype, jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype), name,
                    type(recipe).__name__ if recipe is not None else "", rng is not None)
-  flops = 2 * math.prod(lhs.shape) * rhs.shape[2]
+  flops = products.ragged_flops(lhs.shape, rhs.shape)
   with products.marked("ragged_dot", lhs.shape, rhs.shape, flops, roles.describe()):
     return _ragged(config, lhs, rhs, group_sizes.astype(jnp.int32), stochastic.seed_of(rng))
 
 
 def group_layout(m: int, group_sizes, align: int):
   """(destination row of each of m rows, padded group sizes [G], buffer length) of groups
-  laid out consecutively, each starting at a multiple of `align` (rows past the last
-  group form one more group)."""
+  laid out consecutively, each starting at a multiple of `align`."""
   sizes = jnp.concatenate([group_sizes, (m - jnp.sum(group_sizes))[None]]).astype(jnp.int32)
   padded = (sizes + align - 1) // align * align
   starts, padded_starts = jnp.cumsum(sizes) - sizes, jnp.cumsum(padded) - padded

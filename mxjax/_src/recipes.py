@@ -1,18 +1,8 @@
-"""Quantization recipes: frozen, hashable dataclasses (usable as static args and jit keys).
-
-A recipe says how the GEMMs of a model are quantized. Every block-scaled recipe maps to
-`Roles` (`recipe.roles()`: the input's, the weight's and the gradient's format, rounding
-and transform), which the one product (`mxjax._src.product`) runs:
-
-- `MXFP8BlockScaling`, `MXFP6BlockScaling`, `MXFP4BlockScaling`, `MXBlockScaling`: OCP MX
-  (E8M0 scales per `block_size` elements), with TransformerEngine's checks (no E5M2
-  forward), optional 2-D weights, stochastic rounding and an RHT.
-- `NVFP4BlockScaling`, `Float8BlockScaling`: TransformerEngine's NVFP4 and DeepSeek-style
-  FP8 blocks.
-- `DelayedScaling`, `Float8CurrentScaling`: per-tensor FP8 (no roles: `mxjax._src.fp8`),
-  the scale from an amax history (state) or from the current amax.
-
-Field names and defaults follow TransformerEngine where it has them.
+"""Quantization recipes: frozen, hashable dataclasses (static args, jit keys) saying how a
+model's GEMMs are quantized. Block-scaled ones map to `Roles` (`recipe.roles()`): MX
+(`MXFP8BlockScaling`, `MXFP6BlockScaling`, `MXFP4BlockScaling`, `MXBlockScaling`),
+`NVFP4BlockScaling`, `Float8BlockScaling`; `DelayedScaling` and `Float8CurrentScaling` are
+per-tensor FP8 (`mxjax._src.fp8`). Field names and defaults follow TransformerEngine.
 """
 
 from __future__ import annotations
@@ -26,11 +16,8 @@ from mxjax._src.roles import Roles, mx_roles
 
 
 class FormatPair(enum.Enum):
-  """A forward / backward pair of element formats (TransformerEngine's `Format`; mxjax
-  exports it under that name too).
-
-  HYBRID is E4M3 in the forward pass and E5M2 for gradients.
-  """
+  """A forward / backward pair of element formats (TransformerEngine's `Format`, exported
+  under that name too); HYBRID is E4M3 forward, E5M2 gradients."""
 
   E4M3 = ("e4m3", "e4m3")
   HYBRID = ("e4m3", "e5m2")
@@ -61,7 +48,7 @@ def _pair(value, field: str) -> FormatPair:
 
 def _element(value, field: str, backward: bool = False) -> str:
   """An element format name from a name, an ElementFormat or a FormatPair (its backward
-  name where `backward`; otherwise only a one-format pair)."""
+  name where `backward`, else a one-format pair only)."""
   if isinstance(value, str) and value.upper() in FormatPair.__members__:
     value = FormatPair[value.upper()]
   if isinstance(value, FormatPair) and (backward or value.fwd == value.bwd):
@@ -103,8 +90,7 @@ class Recipe:
     return self.roles() is not None
 
   def needs_rng(self) -> bool:
-    """Whether the GEMMs' backward draws random bits (stochastic rounding): the model
-    then needs a key (Flax's "mx" rng stream, or `rng=`)."""
+    """Whether the backward rounds stochastically (needs Flax's "mx" rng stream or `rng=`)."""
     roles = self.roles()
     return roles is not None and roles.stochastic_rounding
 
@@ -134,8 +120,7 @@ class Recipe:
 
 
 class _FP8Pair:
-  """`fwd_format` / `bwd_format` of a recipe with TransformerEngine's `fp8_format` field
-  (E4M3 both ways, or HYBRID: E4M3 forward, E5M2 gradients)."""
+  """`fwd_format` / `bwd_format` from TransformerEngine's `fp8_format` field."""
 
   @property
   def fwd_format(self) -> str:
@@ -153,6 +138,13 @@ def _check_bool_switches(recipe, *names) -> None:
                       f"{getattr(recipe, name)!r}")
 
 
+def _check_fp8_format(recipe) -> None:
+  fmt = _pair(recipe.fp8_format, "fp8_format")
+  if fmt not in (FormatPair.E4M3, FormatPair.HYBRID):
+    raise ValueError(f"{type(recipe).__name__} needs Format.E4M3 or Format.HYBRID, got {fmt}")
+  object.__setattr__(recipe, "fp8_format", fmt)
+
+
 def _check_attention(recipe) -> None:
   if recipe.fp8_dpa or recipe.fp8_mha:
     raise NotImplementedError(f"{type(recipe).__name__}: fp8_dpa / fp8_mha (FP8 attention) "
@@ -161,8 +153,7 @@ def _check_attention(recipe) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _MXRecipe(Recipe):
-  """The MX recipes' checks and roles (fields: fwd / bwd formats, block_size, scale_mode,
-  stochastic_rounding, random_hadamard_transform, hadamard_size, rht_seed)."""
+  """The MX recipes' checks and roles."""
 
   def _check_block(self):
     mode = formats.scale_mode(self.scale_mode)
@@ -190,14 +181,12 @@ class MXFP8BlockScaling(_FP8Pair, _MXRecipe):
   Attributes:
     margin: kept for TransformerEngine compatibility; MX scales ignore it.
     fp8_format: Format.E4M3 or Format.HYBRID (E5M2 forward is refused, as in TE).
-    fp8_dpa: FP8 attention; not supported (must be False).
-    fp8_mha: FP8 attention; not supported (must be False).
+    fp8_dpa, fp8_mha: FP8 attention; not supported (must be False).
     block_size: 16, 32 or 64 elements per E8M0 scale.
     scale_mode: "rceil" (default) or "floor".
-    enable_2d_quantization: weights in block_size x block_size E8M0 tiles (32x32 by
-      default, TE 2.19): one quantized weight serves the forward and the dgrad.
-    stochastic_rounding: round the gradients' elements stochastically (needs a key:
-      Flax's "mx" rng stream).
+    enable_2d_quantization: weights in block_size x block_size tiles (TE 2.19): one
+      quantized weight serves the forward and the dgrad.
+    stochastic_rounding: round the gradients stochastically (needs Flax's "mx" rng stream).
     random_hadamard_transform: a block random Hadamard transform (`hadamard_size`, signs
       from `rht_seed`, fixed per GEMM) along the tokens on both wgrad operands.
     hadamard_size: the transform's block (a power of two).
@@ -217,13 +206,10 @@ class MXFP8BlockScaling(_FP8Pair, _MXRecipe):
   rht_seed: int = 0
 
   def __post_init__(self):
-    fmt = _pair(self.fp8_format, "fp8_format")
-    object.__setattr__(self, "fp8_format", fmt)
-    if fmt is FormatPair.E5M2:
+    if _pair(self.fp8_format, "fp8_format") is FormatPair.E5M2:
       raise ValueError("MXFP8BlockScaling does not support Format.E5M2: the forward pass "
                        "needs E4M3; use Format.E4M3 or Format.HYBRID (E5M2 gradients)")
-    if fmt not in (FormatPair.E4M3, FormatPair.HYBRID):
-      raise ValueError(f"MXFP8BlockScaling needs Format.E4M3 or Format.HYBRID, got {fmt}")
+    _check_fp8_format(self)
     _check_attention(self)
     self._check_block()
 
@@ -231,20 +217,16 @@ class MXFP8BlockScaling(_FP8Pair, _MXRecipe):
 @dataclasses.dataclass(frozen=True)
 class MXBlockScaling(_MXRecipe):
   """MX block scaling with any forward / backward pair of the five element formats (the
-  other MX recipes are this with TransformerEngine's checks; this one also runs, e.g.,
-  E5M2 both ways, as MX evaluation harnesses sweep it).
+  other MX recipes with TransformerEngine's checks; this one runs E5M2 both ways too).
 
   Attributes:
-    fwd_format: element format of both GEMM operands in the forward pass ("e4m3",
-      "e5m2", "e3m2", "e2m3" or "e2m1"; an ElementFormat or a one-format Format works
-      too). Stored as the name.
+    fwd_format: the forward GEMM operands' element format ("e4m3", "e5m2", "e3m2", "e2m3"
+      or "e2m1", an ElementFormat or a one-format Format). Stored as the name.
     bwd_format: element format of the output gradient in the backward GEMMs (a name).
     block_size: 16, 32 or 64 elements per E8M0 scale (a multiple of 4 for FP6).
     scale_mode: "rceil" (default) or "floor".
-    stochastic_rounding: as in MXFP8BlockScaling.
-    random_hadamard_transform: as in MXFP8BlockScaling.
-    hadamard_size: as in MXFP8BlockScaling.
-    rht_seed: as in MXFP8BlockScaling.
+    stochastic_rounding, random_hadamard_transform, hadamard_size, rht_seed: as in
+      MXFP8BlockScaling.
   """
 
   fwd_format: str
@@ -268,14 +250,10 @@ class MXFP6BlockScaling(_MXRecipe):
 
   Attributes:
     fp6_format: Format.E2M3 (default) or Format.E3M2.
-    bwd_format: the gradients' element format (a Format or a name like "e5m2"); None means
-      the forward format. Stored as the element format name.
-    block_size: as in MXFP8BlockScaling.
-    scale_mode: as in MXFP8BlockScaling.
-    stochastic_rounding: as in MXFP8BlockScaling.
-    random_hadamard_transform: as in MXFP8BlockScaling.
-    hadamard_size: as in MXFP8BlockScaling.
-    rht_seed: as in MXFP8BlockScaling.
+    bwd_format: the gradients' element format (a Format or a name; None: the forward's).
+    block_size, scale_mode: as in MXFP8BlockScaling.
+    stochastic_rounding, random_hadamard_transform, hadamard_size, rht_seed: as in
+      MXFP8BlockScaling.
   """
 
   fp6_format: FormatPair = FormatPair.E2M3
@@ -306,13 +284,10 @@ class MXFP4BlockScaling(_MXRecipe):
   """MXFP4: E2M1 elements in blocks of `block_size`.
 
   Attributes:
-    bwd_format: the gradients' element format; None means E2M1. Stored as a name.
-    block_size: as in MXFP8BlockScaling.
-    scale_mode: as in MXFP8BlockScaling.
-    stochastic_rounding: as in MXFP8BlockScaling.
-    random_hadamard_transform: as in MXFP8BlockScaling.
-    hadamard_size: as in MXFP8BlockScaling.
-    rht_seed: as in MXFP8BlockScaling.
+    bwd_format: the gradients' element format (a name; None: E2M1).
+    block_size, scale_mode: as in MXFP8BlockScaling.
+    stochastic_rounding, random_hadamard_transform, hadamard_size, rht_seed: as in
+      MXFP8BlockScaling.
   """
 
   bwd_format: str | None = None
@@ -345,8 +320,7 @@ class NVFP4BlockScaling(Recipe):
     disable_2d_quantization: weights in 1x16 blocks instead of 16x16 tiles.
     fp4_format: Format.E2M1 only.
     fp8_format: the block scales' format: Format.E4M3 only.
-    fp8_dpa: FP8 attention; not supported (must be False).
-    fp8_mha: FP8 attention; not supported (must be False).
+    fp8_dpa, fp8_mha: FP8 attention; not supported (must be False).
     hadamard_size: the RHT's block (16, as TE).
     rht_seed: seed of the RHT's random signs (fixed per GEMM).
   """
@@ -401,8 +375,7 @@ class Float8BlockScaling(_FP8Pair, Recipe):
     x_block_scaling_dim: 1 (1x128 blocks) or 2 (128x128 tiles) for the input.
     w_block_scaling_dim: the same for the weight.
     grad_block_scaling_dim: the same for the gradient (not 2 with a 2-D input).
-    fp8_dpa: FP8 attention; not supported (must be False).
-    fp8_mha: FP8 attention; not supported (must be False).
+    fp8_dpa, fp8_mha: FP8 attention; not supported (must be False).
   """
 
   use_f32_scales: bool = False
@@ -414,10 +387,7 @@ class Float8BlockScaling(_FP8Pair, Recipe):
   fp8_mha: bool = False
 
   def __post_init__(self):
-    fmt = _pair(self.fp8_format, "fp8_format")
-    if fmt not in (FormatPair.E4M3, FormatPair.HYBRID):
-      raise ValueError(f"Float8BlockScaling needs Format.E4M3 or Format.HYBRID, got {fmt}")
-    object.__setattr__(self, "fp8_format", fmt)
+    _check_fp8_format(self)
     for name in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
       if getattr(self, name) not in (1, 2):
         raise ValueError(f"Float8BlockScaling: {name} must be 1 (1x128 blocks) or 2 "
@@ -434,21 +404,13 @@ class Float8BlockScaling(_FP8Pair, Recipe):
                  make(self.bwd_format, self.grad_block_scaling_dim))
 
 
-def _check_per_tensor_format(recipe) -> None:
-  fmt = _pair(recipe.fp8_format, "fp8_format")
-  if fmt not in (FormatPair.E4M3, FormatPair.HYBRID):
-    raise ValueError(f"{type(recipe).__name__} needs Format.E4M3 or Format.HYBRID, got {fmt}")
-  object.__setattr__(recipe, "fp8_format", fmt)
-
-
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(_FP8Pair, Recipe):
   """Per-tensor FP8 whose scale comes from a history of past amaxes (see mxjax.state).
 
-  Each step quantizes with the scale in the state, records the tensor's amax in the
-  history (newest first) and sets the next scale to `fp8_max / amax / 2**margin`, amax
-  being the history's max (`"max"`) or its newest entry (`"most_recent"`). A tensor
-  whose history is still empty (the first step) is scaled from its own amax.
+  Each step quantizes with the state's scale, records the amax (newest first) and sets the
+  next scale to `fp8_max / amax / 2**margin`, amax the history's max or newest entry; an
+  empty history (the first step) scales from the tensor's own amax.
 
   Attributes:
     margin: extra headroom, in powers of two.
@@ -465,7 +427,7 @@ class DelayedScaling(_FP8Pair, Recipe):
   reduce_amax: bool = True
 
   def __post_init__(self):
-    _check_per_tensor_format(self)
+    _check_fp8_format(self)
     if self.amax_compute_algo not in ("max", "most_recent"):
       raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got "
                        f"{self.amax_compute_algo!r}")
@@ -489,7 +451,7 @@ class Float8CurrentScaling(_FP8Pair, Recipe):
   reduce_amax: bool = True
 
   def __post_init__(self):
-    _check_per_tensor_format(self)
+    _check_fp8_format(self)
 
 
 def recipe_for_weight(fmt: BlockFormat) -> Recipe:

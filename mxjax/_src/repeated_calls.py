@@ -1,19 +1,11 @@
-"""A stateful (DelayedScaling) layer called several times in one forward: a shared layer
-(`d(d(x))`), a recurrent cell unrolled in Python. Every call runs on the state the forward
-started with.
+"""A stateful (DelayedScaling) layer called several times in one forward (`d(d(x))`):
+every call runs on the state the forward started with.
 
-The modules store each call's forward record in the layer's state, where the layer's next
-call reads it. A call that finds there the very record (the same arrays) that the layer's
-previous call in the same forward stored runs on the state that call started from
-instead: its scales then do not come from the earlier call's amaxes (which a larger input
-would saturate against), and its gradient (its next state) reaches the state the step
-started with, so the overwrite counts each call as a use (`mxjax.state.settle`). The
-record it stores merges the calls' (`mxjax.state.merge_records`).
-
-What one forward is: a linen `apply` (its root scope); for NNX, one run of a transform
-(`nnx.jit`, `nnx.grad`, ...), which calls a copy of the module on traced values. An NNX
-module called eagerly, outside any transform, cannot tell one forward from the next: each
-call there reads the record the call before it stored.
+A call that finds in the layer's state the very record (the same arrays) its previous
+call in the same forward stored runs on the state that call started from, so its scales
+ignore the earlier amaxes and the overwrite counts each call as a use; its record merges
+the calls' (`mxjax.state.merge_records`). One forward: a linen `apply`; for NNX, one run
+of a transform (eager NNX calls cannot tell forwards apart).
 """
 
 from __future__ import annotations
@@ -23,8 +15,7 @@ from typing import Any, Hashable
 
 import jax
 
-# id(forward) -> (weak reference to it, {layer key: (leaves of the record stored, the state
-# the forward started from)}). An entry goes with its forward.
+# id(forward) -> (weakref to it, {layer: (leaves of the record stored, the start state)}).
 _FORWARDS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
@@ -41,9 +32,8 @@ def _layers(forward, create: bool) -> dict:
 
 
 def started_from(forward, layer: Hashable, stored) -> tuple[Any, bool]:
-  """(state to run the call with, whether it is a repeated call): the state the layer's
-  first call in `forward` started from where `stored` is the record the layer's previous
-  call stored; else `stored`."""
+  """(state to run the call with, whether it repeats): the first call's start where
+  `stored` is the record the layer's previous call in `forward` stored, else `stored`."""
   entry = _layers(forward, create=False).get(layer)
   if entry is not None and _same_arrays(entry[0], stored):
     return entry[1], True
@@ -51,8 +41,7 @@ def started_from(forward, layer: Hashable, stored) -> tuple[Any, bool]:
 
 
 def note_record(forward, layer: Hashable, start, record) -> None:
-  """Notes that the layer's call in `forward` stored `record`, the forward having started
-  from `start`."""
+  """Notes that the layer's call in `forward` (started from `start`) stored `record`."""
   _layers(forward, create=True)[layer] = (jax.tree.leaves(record), start)
 
 

@@ -1,9 +1,5 @@
-"""What each operand of a product is quantized to: `Roles` (pure data).
-
-A product `x[M, K] . w[K, N]` has three roles, each a block-scaled format: the input x,
-the weight w, and the output gradient g. Every recipe maps to roles
-(`Recipe.roles()`), and the one product (`mxjax._src.product`) runs them.
-"""
+"""What each operand of a product `x[M, K] . w[K, N]` (input x, weight w, output gradient
+g) is quantized to: `Roles`, from `Recipe.roles()`, run by `mxjax._src.product`."""
 
 from __future__ import annotations
 
@@ -18,19 +14,15 @@ class Roles:
   """The formats and rounding of a product's operands.
 
   Attributes:
-    x: the input's format. A 1-D block `(1, b)` runs along the contraction of the product
-      the operand enters (K forward, M for the wgrad); a 2-D tile is the same for every
-      product.
-    w: the weight's format (K forward, N for the dgrad; a 2-D weight quantized once
-      serves both).
+    x: the input's format; 1-D blocks run along each product's contraction (K forward, M
+      for the wgrad).
+    w: the weight's format (K forward, N for the dgrad).
     grad: the output gradient's format (N for the dgrad, M for the wgrad).
-    stochastic_rounding: round the gradient's elements stochastically (both copies; the
-      product then needs a key).
+    stochastic_rounding: round the gradient stochastically (the product needs a key).
     random_hadamard_transform: a block random Hadamard transform along M on both wgrad
-      operands (x and grad): it cancels in the product and spreads outliers.
+      operands (it cancels in the product and spreads outliers).
     hadamard_size: the transform's block (a power of two).
-    rht_seed: the seed of the transform's random signs (fixed per product: mixed with
-      its name).
+    rht_seed: the seed of the transform's random signs (mixed with the product's name).
   """
 
   x: BlockFormat

@@ -1,33 +1,4 @@
-"""Recipe state as data: `init(recipe)` / `update(state, amaxes, recipe)`, like optax.
-
-Each quantized GEMM of a module owns a `RecipeState`: the recipe kind it was made for and,
-per tensor role ("input", "kernel", "grad"), a `TensorScaling` (amax history and scale)
-when the recipe needs one. Only `DelayedScaling` does; MX block scaling and current
-scaling carry no arrays (their `RecipeState` has no leaves).
-
-The modules keep it in the Flax variable collection `STATE_COLLECTION` ("mx_state"), and
-advance it in two ways, both computed from the state the step started with:
-
-- `apply(..., mutable=["mx_state"])`: the forward writes the state with the input and
-  kernel amaxes recorded (the gradient's amax is not known in the forward). A module whose
-  recipe kind changed writes the new recipe's initial state.
-- Gradient overwrite (Flax's `OVERWRITE_WITH_GRADIENT` convention, as in
-  `flax.linen.fp8_ops`): the gradient of the state variables *is* the next state, all three
-  roles advanced. Name the collection `flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT`
-  (`state_collection=` on the modules) and `flax.training.train_state.TrainState` applies
-  it; or take `jax.grad` with respect to the state and use `next_state`.
-
-Amax reduction: under plain `jax.jit` with sharded arrays `jnp.max` already sees the
-global array, so the amax is global. Inside `shard_map` / `pmap` the amax is local;
-with `reduce_amax=True` it is `lax.pmax`-ed over every bound named axis (`reduce_amax`).
-
-A GEMM applied N times in one differentiated loss (micro-batches in a `lax.scan` or a
-loop) gets the sum of N next states as its gradient: JAX adds the cotangents of one
-input's uses. Each next state counts itself as one use (`TensorScaling.uses`), so the sum
-says how many it holds, and every step first reads a state as one use (`settle`). A
-`vmap` over the batch with the state shared records each amax's max over the mapped axis
-(`batch_amaxes`): one use, as one call on the whole batch.
-"""
+"""Recipe state as data: `init` / `update`, like optax (conventions: `mxjax.state`)."""
 
 from __future__ import annotations
 
@@ -59,8 +30,7 @@ class TensorScaling:
   Attributes:
     amax_history: f32[amax_history_len], newest amax first.
     scale: f32[], the scale the next step quantizes with (`fp8 = cast(x * scale)`).
-    uses: f32[], how many next states this one sums: 1, or N after the gradient overwrite
-      of a loss that applied the GEMM N times (see `settle`).
+    uses: f32[], how many next states this one sums (N for a GEMM applied N times).
   """
 
   amax_history: jax.Array
@@ -91,8 +61,7 @@ def kind_of(recipe: Recipe | None) -> str:
 
 
 def init(recipe: Recipe | None) -> RecipeState:
-  """The initial state for `recipe`: zero amax histories, unit scales and one use for
-  DelayedScaling (f32[amax_history_len], f32[] and f32[] per role), no arrays otherwise."""
+  """The initial state: per role a zero amax history, unit scale, one use (DelayedScaling)."""
   tensors = {}
   if recipe is not None and recipe.delayed():
     one = jnp.ones((), jnp.float32)
@@ -108,8 +77,7 @@ def fp8_max(recipe: Recipe, role: str) -> float:
 
 
 def scale_from_amax(amax, recipe: Recipe, role: str, previous_scale=1.0) -> jax.Array:
-  """`fp8_max / amax / 2**margin` (f32[]); keeps `previous_scale` where amax is 0 or not
-  finite."""
+  """`fp8_max / amax / 2**margin` (f32[]); `previous_scale` where amax is 0 or not finite."""
   amax = jnp.asarray(amax, jnp.float32)
   scale = jnp.float32(fp8_max(recipe, role)) / amax / jnp.float32(2.0 ** recipe.margin)
   ok = (amax > 0) & jnp.isfinite(amax) & jnp.isfinite(scale)
@@ -124,14 +92,10 @@ def _reference_amax(history, recipe: Recipe) -> jax.Array:
 def settle_tensor(tensor: TensorScaling, recipe: Recipe, role: str) -> TensorScaling:
   """`tensor` as one use, its scale computed afresh from the history it then has.
 
-  A state whose `uses` u is neither 1 nor 0 sums u next states made from one state (or is
-  such a sum scaled, as a gradient tree can be). Its older entries are the same in every
-  use, and come back divided by u (exactly, up to an f32 rounding when u is not a power
-  of 2); so does the kernel's newest amax (the same kernel in every use). The input's and
-  the gradient's newest entry is the sum of the uses' amaxes (divided by u where u < 1):
-  at least the largest, so the scale may be up to u times smaller than the largest amax
-  gives, never one that saturates more. A single use (u 1) or none (u 0: an all-zero
-  gradient) is read as it is. Leading dims (a stacked `nn.scan` state) are kept.
+  A state whose `uses` u is neither 1 nor 0 sums u next states: its history comes back
+  divided by u, except the input's and the gradient's newest entry (the uses' amaxes
+  summed, divided by u only where u < 1: at least the largest, so never a scale that
+  saturates more). u 1 or 0 is read as it is; leading dims (`nn.scan`) are kept.
   """
   uses = tensor.uses
   several = (uses > 0) & (uses != 1)
@@ -146,9 +110,7 @@ def settle_tensor(tensor: TensorScaling, recipe: Recipe, role: str) -> TensorSca
 
 
 def update_tensor(tensor: TensorScaling, amax, recipe: Recipe, role: str) -> TensorScaling:
-  """Records `amax` (f32[]) as the newest history entry (the oldest drops out) and
-  computes the next scale from the history (`max`) or from its newest entry.
-  `tensor` is settled (one use) first."""
+  """`tensor` settled, then `amax` (f32[]) recorded newest and the next scale computed."""
   tensor = settle_tensor(tensor, recipe, role)
   amax = jnp.asarray(amax, jnp.float32)
   history = jnp.concatenate([amax.reshape((1,)), tensor.amax_history[:-1]])
@@ -157,9 +119,7 @@ def update_tensor(tensor: TensorScaling, amax, recipe: Recipe, role: str) -> Ten
 
 
 def _one_use_like(amax) -> jax.Array:
-  """f32[] 1.0 that depends on `amax` (any value, NaN included): batched under `vmap`
-  where `amax` is, so that a vmap summing its members' next states (the transpose of a
-  state they share) also sums their uses; a constant would stay 1."""
+  """f32[] 1.0 batched under `vmap` where `amax` is (so a vmap's transpose sums uses)."""
   return jnp.where(jnp.isnan(amax), 1.0, 1.0).astype(jnp.float32)
 
 
@@ -174,12 +134,8 @@ def settle(state: RecipeState, recipe: Recipe) -> RecipeState:
   to inspect after a gradient overwrite. Stateless states are returned as they are.
 
   Args:
-    state: a `RecipeState`, e.g. the sum of N next states that a gradient overwrite holds
-      when a loss ran the GEMM N times.
+    state: a `RecipeState`, e.g. the sum of N next states of a gradient overwrite.
     recipe: the recipe the state was made for.
-
-  Returns:
-    A `RecipeState` of the same structure, each role's `uses` 1.
 
   Raises:
     ValueError: the state was made for another recipe kind.
@@ -200,14 +156,10 @@ def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> Rec
     amaxes: role ("input", "kernel", "grad") -> f32[] amax of this step.
     recipe: the recipe the state was made for.
 
-  Returns:
-    The next `RecipeState`: each recorded role's history shifted with its amax newest,
-    its scale `fp8_max / amax / 2**margin` from the history.
-
   Raises:
     ValueError: the state was made for another recipe kind.
 
-  Pure: no side effects, jit- and grad-safe. Stateless states are returned as they are.
+  Pure (jit- and grad-safe). Stateless states are returned as they are.
   """
   _check_kind(state, recipe, "update")
   if not state.tensors:
@@ -219,8 +171,7 @@ def update(state: RecipeState, amaxes: Mapping[str, Any], recipe: Recipe) -> Rec
 
 def forward_record(state: RecipeState, amaxes: Mapping[str, Any],
                    recipe: Recipe) -> RecipeState:
-  """The state a forward call stores: `update` with its input and kernel amaxes
-  (`batch_amaxes`), as data (not differentiated)."""
+  """The state a forward call stores: `update` with its input and kernel amaxes (data)."""
   if not state.tensors:
     return state
   return lax.stop_gradient(update(state, batch_amaxes(amaxes, state), recipe))
@@ -228,9 +179,7 @@ def forward_record(state: RecipeState, amaxes: Mapping[str, Any],
 
 def merge_records(start: RecipeState, earlier: RecipeState, later: RecipeState,
                   recipe: Recipe) -> RecipeState:
-  """One forward record of two calls that both ran on `start` (a layer called twice in one
-  forward): `start` with the input's and the kernel's larger amax of the two recorded,
-  the record of one call on both inputs."""
+  """One forward record of two calls that both ran on `start`: the larger amaxes recorded."""
   if not start.tensors:
     return later
   amaxes = {role: jnp.maximum(earlier.tensors[role].amax_history[0],
@@ -240,18 +189,15 @@ def merge_records(start: RecipeState, earlier: RecipeState, later: RecipeState,
 
 
 def batch_amaxes(amaxes: Mapping[str, Any], state: RecipeState) -> dict:
-  """`amaxes` (role -> f32[], not differentiated) as one record of `state`'s: where an
-  amax is batched and the state is not (a shared layer under a per-example `vmap`,
-  `nnx.vmap(in_axes=(None, 0))`), its max over the mapped axis, the amax one call on the
-  whole batch records."""
+  """`amaxes` (role -> f32[]), max-reduced over a `vmap` axis that maps them but not
+  `state` (a shared layer under a per-example vmap)."""
   return {role: _unbatched_like(*lax.stop_gradient((amax, state.tensors[role])))
           for role, amax in amaxes.items()}
 
 
 @custom_vmap
 def _unbatched_like(amax, like):
-  """`amax`; under each `vmap`, max-reduced over the mapped axis where no array of `like`
-  (a TensorScaling) is mapped."""
+  """`amax`; under `vmap` max-reduced where no array of `like` is mapped."""
   del like
   return amax
 
@@ -267,8 +213,7 @@ def _unbatched_like_vmap(axis_size, in_batched, amax, like):
 
 
 def _core_axis_names() -> tuple:
-  """Every named axis bound here (a named vmap's too), from `jax.extend.core`: the only
-  public listing, marked unsafe there, so `bound_axis_names` falls back where it is gone."""
+  """Every named axis bound here (a named vmap's too), from `jax.extend.core`."""
   from jax.extend import core  # noqa: PLC0415
   return tuple(core.unsafe_get_axis_names_DO_NOT_USE())
 
@@ -280,11 +225,8 @@ def manual_mesh_axes() -> tuple:
 
 
 def bound_axis_names() -> tuple:
-  """Named axes bound here (inside shard_map / pmap / named vmap), or ().
-
-  A jax whose `jax.extend.core` lacks the listing falls back to `manual_mesh_axes`, which
-  still covers shard_map and pmap.
-  """
+  """Named axes bound here (shard_map / pmap / named vmap), or (); `manual_mesh_axes`
+  where `jax.extend.core` lacks the listing."""
   try:
     return _core_axis_names()
   except Exception:
@@ -300,8 +242,7 @@ def reduce_amax(amax, recipe: Recipe) -> jax.Array:
 
 
 def tensor_amax(x, recipe: Recipe) -> jax.Array:
-  """max(abs(x)) as f32[] (over all devices, see `reduce_amax`); 0 for an empty x (a zero-size
-  batch)."""
+  """max(abs(x)) as f32[] (over all devices, see `reduce_amax`); 0 for an empty x."""
   return reduce_amax(jnp.max(jnp.abs(x), initial=0).astype(jnp.float32), recipe)
 
 
@@ -317,10 +258,8 @@ def next_state(state_grads, mutated):
     mutated: the collection `apply(..., mutable=[...])` returned.
 
   Returns:
-    `mutated`, with each GEMM's state replaced by its gradient where the gradient has one
-    of the same kind: not where the module made or replaced its state in this step (the
-    collection held none, e.g. a stock-initialized model, or its recipe kind changed), nor
-    for a role the step did not use (a layer it skipped: a zero gradient, `uses` 0).
+    `mutated`, each GEMM's state replaced by its gradient where that is of the same kind
+    (not a state made in this step) and used (`uses` > 0).
   """
   flat = jax.tree_util.tree_flatten_with_path(state_grads, is_leaf=_is_state)[0]
   grads = {path: g for path, g in flat if _is_state(g)}
@@ -350,8 +289,7 @@ def describe(variables) -> dict[str, str]:
     variables: any pytree, e.g. linen variables or one collection of them.
 
   Returns:
-    A dict from each state's path (keys joined by "/") to its recipe kind, e.g.
-    `{"hidden/recipe_state": "DelayedScaling"}`.
+    e.g. `{"hidden/recipe_state": "DelayedScaling"}`.
   """
   out = {}
   flat = jax.tree_util.tree_flatten_with_path(variables, is_leaf=_is_state)[0]

@@ -1,9 +1,5 @@
-"""The random bits of stochastic rounding: a counter on the global element index.
-
-`random_bits(seed, shape)` hashes each element's row-major index in the whole (global)
-array with the seed, so any sharding of the result, on any mesh, gives the same bits:
-a training step rounds the same way on one device and on many.
-"""
+"""The random bits of stochastic rounding: a hash of the global element index, so any
+sharding on any mesh rounds the same way."""
 
 from __future__ import annotations
 
@@ -31,10 +27,8 @@ def _mix(h):
 
 
 def random_bits(seed, shape) -> jax.Array:
-  """uint32 bits of `shape` from a counter on the global (row-major) element index:
-  `mix(mix(index * golden ^ seed[0]) ^ seed[1])`. `seed` is uint32[2] (e.g.
-  `jax.random.key_data(key)`); the bits depend on the index only, so any sharding of the
-  result (any mesh) gives the same values. Indices wrap at 2**32 elements."""
+  """uint32 bits of `shape`: `mix(mix(index * golden ^ seed[0]) ^ seed[1])` of the global
+  row-major index (wrapping at 2**32); `seed` is uint32[2]."""
   seed = jnp.asarray(seed).astype(_U32).reshape(-1)
   idx = jnp.zeros(shape, _U32)
   stride = 1

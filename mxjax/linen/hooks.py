@@ -7,12 +7,9 @@
                                     qk_attn_weights_einsum_cls=mxjax.linen.Einsum,
                                     attn_weights_value_einsum_cls=mxjax.linen.Einsum)
 
-Flax makes a hook inside the layer that calls it, so the hook is that layer's child. A
-hook follows the recipe of the layer that owns it: its `recipe` attribute or else
-`mxjax._src.context.recipe_for(owner's path)` (layer rules, then the autocast recipe). With no
-recipe it makes exactly the call Flax would have made (bit-identical results). A
-DelayedScaling state lives in the hook's own scope, in `state_collection`; stateless
-recipes add no variables, so the model's variables are those of the stock model.
+A hook (the calling layer's child) follows its `recipe`, else the owning layer's (layer
+rules, then autocast); with none it makes exactly Flax's call. A DelayedScaling state lives
+in the hook's scope, in `state_collection`; stateless recipes add no variables.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class _Hook(nn.Module):
     return self.recipe if self.recipe is not None else context.recipe_for(self._owner())
 
   def _kept(self, lhs_shape, rhs_shape, flops: int):
-    """Flax's own call, marked as kept in high precision by a rule under an enabled
-    autocast (so interception leaves it, and `mxjax.coverage` says why)."""
+    """Flax's own call, marked as kept in high precision by a rule under autocast."""
     if context.get_recipe() is None:
       return contextlib.nullcontext()
     rule = rules_lib.match(context.get_layer_rules() or (),
@@ -90,8 +86,7 @@ class DotGeneral(_Hook):
 
 
 class Einsum(_Hook):
-  """`jnp.einsum(subscripts, a, b)` under the owning layer's recipe (both operands
-  quantized along what they contract; see `mxjax.einsum`).
+  """`jnp.einsum(subscripts, a, b)` under the owning layer's recipe (see `mxjax.einsum`).
 
   Attributes:
     recipe, state_collection: as in `DotGeneral`.

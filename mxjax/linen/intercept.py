@@ -4,22 +4,11 @@
       logits = model.apply(params, tokens)
 
 Inside `intercept`, every product the model computes runs through mxjax under the recipe
-of its path (`mxjax.rules`; no matching rule: the autocast recipe): stock `nn.Dense`,
-`nn.DenseGeneral` and `nn.Einsum` layers, and every `jnp.einsum`, `@`, `jnp.dot`,
-`lax.dot_general` and `lax.ragged_dot` in the model's own modules and helpers. Nothing
-else changes: the model's code, its params and, for stateless recipes, all its variables
-are those of the stock model, so its checkpoints load as they are. `init` runs as it is.
-
-How: a Flax method interceptor (`nn.intercept_methods`). The model's outermost method
-call runs as a Flax lifted transform (the variables and rngs go in, the mutated
-collections come out) through the interception core, `mxjax.interception`, which makes
-each product MX by its path `module path / op name` (`block_0/attn/einsum_1`). Stock
-Dense / DenseGeneral / Einsum layers keep the hooks they had (`mxjax.linen.hooks`, whose
-products are named by the layer's path and can keep DelayedScaling state in the
-`mx_state` collection, or `state_collection`): a Dense with no product of its own runs
-with `dot_general_cls=DotGeneral` for the call; `nn.Einsum.__call__` is made again here
-with the same params and `hooks.Einsum` as the product. Every other product (a
-subclass's own, a Dense's own `dot_general`) is the core's.
+of its path (`mxjax.rules`); the model's code, params and (stateless recipes) variables
+stay the stock model's, and `init` runs as it is. A Flax method interceptor runs the
+outermost method call as a lifted transform through the interception core; stock Dense /
+DenseGeneral / Einsum layers take `mxjax.linen.hooks` products (which can keep
+DelayedScaling state in `state_collection`).
 """
 
 from __future__ import annotations
@@ -41,14 +30,12 @@ from mxjax.linen.modules import layer_path
 from mxjax._src.recipes import MXFP8BlockScaling
 
 _DENSE = (nn.Dense, nn.DenseGeneral)
-#: The function behind `nn.Einsum.__call__` (Flax's method wrapper unwrapped), which is
-#: what an interceptor's `ctx.orig_method` binds when that very method runs.
+#: The function behind `nn.Einsum.__call__` (what `ctx.orig_method` binds).
 _EINSUM_CALL = getattr(nn.Einsum.__call__, "__wrapped__", nn.Einsum.__call__)
 
 
 def _runs_einsum_call(ctx) -> bool:
-  """Whether the method being intercepted is `nn.Einsum`'s own `__call__` (on an Einsum
-  or on a subclass, through `super()`), not a subclass's override."""
+  """Whether the intercepted method is `nn.Einsum`'s own `__call__`, not an override."""
   fun = getattr(ctx.orig_method, "func", ctx.orig_method)  # a partial over the module
   return getattr(fun, "__func__", fun) is _EINSUM_CALL
 
@@ -58,16 +45,10 @@ def intercept(rules=None, *, state_collection: str = state_lib.STATE_COLLECTION)
   """Runs every product of a linen model's `apply` through mxjax.
 
   Args:
-    rules: a sequence of `(regex, recipe or None)` pairs matched with `re.search`
-      against each product's path and its module paths (`mxjax.rules`); None: every
-      product runs the autocast recipe. Checked before anything is entered; a rule that
-      matches no product warns when the model runs.
-    state_collection: the collection of the stock layers' DelayedScaling states;
-      `flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT` makes Flax's `TrainState` apply the
-      gradient overwrite (mxjax's own modules keep their `state_collection`).
-
-  Entering, leaving or changing `rules` re-traces `jax.jit` (the rules are a
-  `jax.make_user_context` value, like the autocast recipe).
+    rules: `(regex, recipe or None)` pairs on product paths (`mxjax.rules`); None: every
+      product runs the autocast recipe. A rule that matches no product warns.
+    state_collection: the collection of the stock layers' DelayedScaling states
+      (`flax.linen.fp8_ops.OVERWRITE_WITH_GRADIENT`: `TrainState` applies the overwrite).
   """
   interceptor = functools.partial(_interceptor, state_collection=state_collection)
   with context.layer_rules(rules), nn.intercept_methods(interceptor):
@@ -82,11 +63,8 @@ def gemm_paths(module: nn.Module, *args, **kwargs) -> list[products.ProductPath]
       shapes and dtypes are used: nothing is computed).
 
   Returns:
-    One `ProductPath` per product (a `str` with `.product`: op, shapes, `activations`):
-    a stock Dense / DenseGeneral / Einsum or mxjax layer by its layer path, every other
-    product by its module path and op name (`attn/einsum_1`). The same inside an
-    `autocast` / `intercept` / `quantized_model_init` and outside; it leaves out what no
-    recipe quantizes (integer operands, contractions shorter than one block).
+    One `ProductPath` per product (a `str` with `.product`), leaving out what no recipe
+    quantizes; the same inside any mxjax context and outside.
   """
   def init():
     return module.init(jax.random.key(0), *args, **kwargs)
@@ -112,8 +90,7 @@ def _with_product(module: nn.Module, dot_general_cls, next_fun, args, kwargs):
     object.__setattr__(module, "dot_general_cls", None)
 
 
-#: Per thread: `inside` (the outermost call runs through the core: inner calls as they
-#: are) and `at_init` (`init` intercepted too: `gemm_paths`; it otherwise runs as it is).
+#: Per thread: `inside` (under the outermost call) and `at_init` (intercept `init` too).
 _OUTERMOST = threading.local()
 
 
@@ -150,9 +127,7 @@ def _interceptor(next_fun, args, kwargs, ctx, *, state_collection: str):
 
 def _einsum_layer(module: nn.Einsum, state_collection: str, inputs,
                   einsum_str: str | None = None):
-  """`nn.Einsum.__call__` with `hooks.Einsum` (its state in `state_collection`) as its
-  product: the same params (names, shapes, initializers, order), dtype promotion and
-  bias."""
+  """`nn.Einsum.__call__` (the same params, promotion and bias) with `hooks.Einsum`."""
   einsum_str = nn.merge_param("einsum_str", module.einsum_str, einsum_str).replace(" ", "")
   if "->" not in einsum_str or einsum_str.count(",") != 1:
     raise ValueError(f"nn.Einsum '{layer_path(module)}' needs an explicit two-operand "
@@ -175,9 +150,8 @@ def _einsum_layer(module: nn.Einsum, state_collection: str, inputs,
 
 
 def _every_product(module: nn.Module, ctx, args, kwargs):
-  """The model's outermost method call, with every product it computes run through the
-  interception core (`mxjax.interception`): a Flax lifted transform, so the variables
-  and rngs go in and the mutated collections come out as arrays."""
+  """The model's outermost method call through the interception core, as a lifted
+  transform (variables and rngs in, mutated collections out)."""
   recipe, rules = context.get_recipe(), context.get_layer_rules() or ()
   root = type(module).__name__ if module.name is None else module.name
   where = f"the linen model {type(module).__name__}"
@@ -206,8 +180,7 @@ def _every_product(module: nn.Module, ctx, args, kwargs):
 
 
 def _params_dequantized(inputs):
-  """The MXArrays of the `params` collection as arrays (`quantize_params`' kernels, read by
-  stock code); `mx_kernels` (`quantized_model_init`) stays quantized for its layers."""
+  """The MXArrays of `params` dequantized (`mx_kernels` stays quantized for its layers)."""
   (variable_groups, *rest), kwargs = inputs
 
   def collections(x):  # groups (per filter) of scopes' {collection: variables}

@@ -1,18 +1,12 @@
 """Flax linen modules whose GEMMs follow the active recipe: Dense, DenseGeneral,
 LayerNormDense, LayerNormMLP.
 
-The recipe is the module's `recipe` attribute or, when None, the one its path gets from
-the layer rules of an enclosing `mxjax.linen.intercept`, else the enclosing
-`mxjax.autocast`'s (none: plain high precision). Params are named like Flax's
-(`kernel`, `bias`); the recipe state of each GEMM is the variable `recipe_state` in the
-collection `state_collection` ("mx_state"; see `mxjax.state` for how it advances).
-
-Kernels initialized under `mxjax.quantized_model_init` are stored as MXArrays in 2-D
-form `[prod(contracted dims), prod(features)]` and are frozen: they are not params but the
-variable `kernel` of the collection `mxjax._src.context.QUANTIZED_KERNELS` ("mx_kernels"), which
-`apply` needs next to "params" and which gradients and optimizers never see. Their
-`kernel_axes` apply per array (`QuantizedPartitioned`): `nn.get_partition_spec` gives the
-data and the scales each a PartitionSpec that the mesh splits evenly.
+The recipe is the module's `recipe`, else its path's under the layer rules of an enclosing
+`mxjax.linen.intercept`, else the enclosing `mxjax.autocast`'s. Params are named like
+Flax's; each GEMM's recipe state is the variable `recipe_state` in `state_collection`
+("mx_state", see `mxjax.state`). Kernels made under `mxjax.quantized_model_init` are frozen
+MXArrays in 2-D form `[prod(in dims), prod(features)]` in the collection "mx_kernels"
+(`apply` needs it next to "params"), their `kernel_axes` per array (`QuantizedPartitioned`).
 """
 
 from __future__ import annotations
@@ -48,12 +42,9 @@ def _canonical_axes(axes, ndim: int) -> tuple[int, ...]:
 class QuantizedPartitioned(nn.LogicallyPartitioned):
   """The logical axes of a quantized kernel (an MXArray pair, or one MXArray), per array.
 
-  `get_partition_spec` gives a pytree like the value, of PartitionSpecs of logical names
-  (`mxjax._src.sharding.leaf_specs`): the data keeps the kernel's names; a dim of the scales
-  (along the blocks) keeps its name only where every shard holds whole scales, as far as
-  the mesh and logical axis rules in effect say (the box's own, else `jax.set_mesh`'s and
-  `nn.logical_axis_rules`'). Without rules, a name must split evenly over the whole mesh;
-  without a mesh, it is kept.
+  `get_partition_spec` gives a PartitionSpec of logical names per array
+  (`sharding.leaf_specs`): the data keeps the kernel's names; a scales dim keeps its name
+  only where every shard holds whole scales under the mesh and rules in effect.
   """
 
   def get_partition_spec(self) -> QuantizedPartitioned:
@@ -61,14 +52,12 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
     return self.replace_boxed(self._leaf_specs())
 
   def get_sharding(self, mesh: jax.sharding.Mesh) -> QuantizedPartitioned:
-    """This box with a NamedSharding in place of each array (`nn.get_sharding`; the names
-    are taken as mesh axes, as `nn.Partitioned.get_sharding` takes them)."""
+    """This box with a NamedSharding (names as mesh axes) in place of each array."""
     return self.replace_boxed(jax.tree.map(lambda spec: NamedSharding(mesh, spec),
                                            self._leaf_specs(mesh)))
 
   def unbox(self, apply_constraint=True):
-    """The value; arrays constrained to their specs under a mesh (not specs or shardings:
-    `nn.unbox` of `get_partition_spec`'s tree gives one for the unboxed variables)."""
+    """The value; arrays constrained to their specs under a mesh."""
     arrays = all(isinstance(a, jax.Array) for a in jax.tree.leaves(self.value))
     if apply_constraint and arrays and (nn.meta.global_mesh_defined() or self.mesh is not None):
       return nn.with_logical_constraint(self.value, self._leaf_specs(), rules=self.rules,
@@ -79,8 +68,7 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
     return sharding.leaf_specs(self.value, self.names, self._shard_counts(mesh_of_axes))
 
   def _shard_counts(self, mesh_of_axes=None) -> list[int | None]:
-    """Per name: how many shards it splits its dim into; None where that is not known.
-    `mesh_of_axes`: the names are that mesh's axes (get_sharding), not logical names."""
+    """Per name: its dim's shard count, or None; `mesh_of_axes`: names are its axes."""
     if mesh_of_axes is not None:
       return [sharding.shard_count(mesh_of_axes, n) for n in self.names]
     mesh = self.mesh if self.mesh is not None else nn.meta.get_global_mesh()
@@ -95,10 +83,8 @@ class QuantizedPartitioned(nn.LogicallyPartitioned):
 
 
 def _flat_init(init: Callable, flat_shape: tuple[int, ...]) -> Callable:
-  """`init` run on `flat_shape`, its value reshaped to the shape asked for (as
-  `nn.DenseGeneral`'s `kernel_init_wrap`): a variance-scaling initializer sees the fan-in
-  and fan-out of the 2-D product, and the values are stock Flax's. A box that `init`
-  returns (e.g. `nn.with_logical_partitioning`'s) keeps its metadata."""
+  """`init` run on `flat_shape` and reshaped (as `nn.DenseGeneral`'s `kernel_init_wrap`),
+  keeping a box's metadata."""
   def init_flat(key, shape, dtype=jnp.float32):
     value = init(key, flat_shape, dtype)
     if isinstance(value, nn.meta.AxisMetadata):
@@ -111,22 +97,18 @@ class DenseGeneral(nn.Module):
   """A linear map over the input axes `axis` to output dims `features`, under the recipe.
 
   Attributes:
-    features: int or tuple of output dims; the one positional field (`nn.Dense` and
-      `nn.DenseGeneral` order the others differently: each is taken by keyword).
+    features: int or tuple of output dims; the one positional field.
     axis: input axes contracted (int or tuple).
     use_bias: add a bias of shape `features`.
     dtype: computation / output dtype; None: promoted from input and params.
     param_dtype: dtype of the high-precision params.
-    kernel_init, bias_init: Flax initializers, called as `nn.DenseGeneral` calls them:
-      on the 2-D shape `(prod(in_dims), prod(features))` (bias: `(prod(features),)`),
-      reshaped to the kernel's `(*in_dims, *features)` (bias: `features`).
+    kernel_init, bias_init: Flax initializers, called on the 2-D shape as
+      `nn.DenseGeneral` calls them.
     kernel_axes, bias_axes: logical axis names (nn.with_logical_partitioning), or ().
     recipe: None means the autocast recipe.
     state_collection: the variable collection of the recipe state.
-    precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
-      products fix their own), as in `nn.Dense`.
-    promote_dtype: as in `nn.Dense`: `(x, kernel, bias, dtype=) -> the same`; a quantized
-      kernel is passed as a `param_dtype` scalar (and kept as it is).
+    precision: `lax.dot_general`'s, for the high-precision product, as in `nn.Dense`.
+    promote_dtype: as in `nn.Dense` (a quantized kernel passes as a `param_dtype` scalar).
   """
 
   features: int | Sequence[int]
@@ -157,8 +139,7 @@ class DenseGeneral(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
-    """x [..., *in_dims] -> [..., *features]; `out_sharding` (Explicit mesh axes) as in
-    `mxjax.dot_general`, for the output."""
+    """x [..., *in_dims] -> [..., *features]; `out_sharding` as in `mxjax.dot_general`."""
     features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
     axes = _canonical_axes(self.axis, x.ndim)
     in_dims = tuple(x.shape[a] for a in axes)
@@ -186,10 +167,8 @@ class DenseGeneral(nn.Module):
     return y
 
   def _kernel(self, shape, shape_2d, n_in):
-    """The kernel: the param `kernel`, high precision of `shape` (`n_in` input dims, then
-    the features); or, made under `quantized_model_init`, the variable `kernel` of the
-    collection `QUANTIZED_KERNELS`, quantized in 2-D form (frozen: not a param); or an
-    MXArray in `params` (`mxjax.quantize_params`: of `shape` or the 2-D form)."""
+    """The param `kernel` of `shape` (`n_in` input dims first), or a quantized kernel: in
+    `QUANTIZED_KERNELS` (`quantized_model_init`) or in `params` (`quantize_params`)."""
     collection = context.QUANTIZED_KERNELS
     if self.has_variable(collection, "kernel"):
       return self.variable(collection, "kernel").value
@@ -257,19 +236,9 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
                        collection: str, dtype, where: str, dimension_numbers=None,
                        precision=None, store_stateless: bool = True, out_sharding=None,
                        path: str | None = None):
-  """`projection.project` for a linen module, whose recipe state is the variable
-  `recipe_state` in `collection` (read, reconciled with `recipe`, written back when the
-  collection is mutable).
-
-  Args:
-    module: the bound module that owns the state.
-    x, kernel, recipe, dtype, where, dimension_numbers, precision, out_sharding: as in
-      `projection.project`.
-    store_stateless: False keeps the variables untouched where nothing needs a state
-      (no stored state and a stateless recipe), as Flax's hooks must.
-
-  Returns:
-    The product, of `dtype`.
+  """`projection.project` for the bound linen `module`, whose recipe state is the variable
+  `recipe_state` in `collection` (read, reconciled with `recipe`, written back when it is
+  mutable). `store_stateless=False` writes nothing where no state is needed (Flax's hooks).
   """
   if projection.is_quantized(kernel):
     projection.check_quantized_kernel(kernel, recipe, where)
@@ -301,23 +270,16 @@ def project_with_state(module: nn.Module, x, kernel, recipe: Recipe | None, *,
 
 
 class Dense(DenseGeneral):
-  """`x[..., K] . kernel[K, features] + bias` under the recipe (the linen Dense API):
-  a DenseGeneral over the last axis, with an int `features`.
-
-  `features` is positional, every other field a keyword: `use_bias`, `dtype`,
-  `param_dtype`, `kernel_init`, `bias_init`, `kernel_axes`, `bias_axes`, `recipe`
-  (None: the rules / autocast recipe) and `state_collection`, as in `DenseGeneral`.
-  Called as `Dense(features)(x)`: x [..., K] bf16 / f16 / f32 -> [..., features] in
-  `dtype` (None: promoted from x and the params).
+  """`x[..., K] . kernel[K, features] + bias` under the recipe (the linen Dense API): a
+  DenseGeneral over the last axis. `features` is positional, the other fields keywords
+  (as in `DenseGeneral`): `Dense(features)(x)`, x [..., K] -> [..., features].
   """
 
 
 class LayerNormDense(nn.Module):
   """LayerNorm or RMSNorm, then a DenseGeneral (the norm runs in high precision).
 
-  `features`, `axis`, `use_bias`, `dtype`, `param_dtype`, `kernel_init`, `bias_init`,
-  `kernel_axes`, `bias_axes`, `recipe` and `state_collection` are as in DenseGeneral (its
-  submodule `dense`).
+  The other fields are as in DenseGeneral (its submodule `dense`).
 
   Attributes:
     norm_type: "layernorm" or "rmsnorm" (submodule `norm`, normalizing the last axis).
@@ -374,9 +336,8 @@ ACTIVATIONS: dict[str, Callable] = {
 class LayerNormMLP(nn.Module):
   """norm -> Dense `wi` -> activation(s) -> Dense `wo`, back to the input width.
 
-  With several `activations` (e.g. `("gelu", "linear")`, a GeGLU) `wi` computes one
-  `intermediate_dim` slice per activation in a single GEMM, and the activated slices are
-  multiplied together (gated linear unit).
+  Several `activations` (e.g. `("gelu", "linear")`: GeGLU) make `wi` one GEMM of one
+  `intermediate_dim` slice each, the activated slices multiplied together.
 
   Attributes:
     intermediate_dim: the hidden width.

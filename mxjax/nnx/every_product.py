@@ -1,12 +1,9 @@
 """Every product of an NNX model's call, through the interception core.
 
-`mxjax.nnx.quantize` gives the model a class of its own (a subclass of its class, made
-once per class) whose `__call__` runs the model as a pure function of its state through
-`mxjax._src.interception.run`, and writes the state back (`nnx.split` / `merge` / `update`, as
-NNX's own transforms do). While that call is traced, each submodule of the traced copy
-runs under a `jax.named_scope` of its attribute path from its parent module, so products
-have paths such as `layers/0/attn/einsum_1`; the model itself is left with its own
-submodule classes and state (checkpoints are unchanged).
+`mxjax.nnx.quantize` gives the model a subclass whose `__call__` runs it as a pure
+function of its state through `interception.run` and writes the state back; each
+submodule of the traced copy runs under a `jax.named_scope` of its attribute path
+(`layers/0/attn/einsum_1`). The model keeps its state (checkpoints are unchanged).
 """
 
 from __future__ import annotations
@@ -61,9 +58,7 @@ def _intercepting_class(base: type) -> type:
       nnx.update(self, new_state)  # only where the call changed its state (BatchNorm, rngs)
     return out
 
-  return type(base)(base.__name__, (base,), {
-      "__call__": __call__, "_mx_base": base, "__module__": base.__module__,
-      "__doc__": base.__doc__})
+  return _subclass(base, __call__)
 
 
 @functools.cache
@@ -74,14 +69,18 @@ def _named_class(base: type, name: str) -> type:
     with jax.named_scope(name):
       return original(self, *args, **kwargs)
 
+  return _subclass(base, __call__)
+
+
+def _subclass(base: type, call) -> type:
+  """A subclass of `base` looking like it, with `__call__` = `call`."""
   return type(base)(base.__name__, (base,), {
-      "__call__": __call__, "_mx_base": base, "__module__": base.__module__,
+      "__call__": call, "_mx_base": base, "__module__": base.__module__,
       "__doc__": base.__doc__})
 
 
 def _name_submodules(model: nnx.Module) -> None:
-  """Gives each submodule of `model` (a traced copy) a class that names its calls by its
-  attribute path from its parent module (`layers/0`, `attn`)."""
+  """Gives each submodule of `model` a class naming its calls by its path from its parent."""
   modules = {path: node for path, node in nnx.iter_graph(model)
              if isinstance(node, nnx.Module) and path
              and _has_call(type(node))}  # not nnx.List / Dict
@@ -99,9 +98,8 @@ def _has_call(cls: type) -> bool:
 
 
 def _dequantize_stock_kernels(model: nnx.Module) -> list:
-  """Gives each MXArray variable of a module that is not mxjax's own `Linear` (which runs
-  from quantized kernels itself) its dequantized value, for stock code to read
-  (`quantize_params`' kernels); returns [(variable, its MXArray value)]."""
+  """Dequantizes the MXArray variables of modules other than mxjax's `Linear`, for stock
+  code to read; returns [(variable, its MXArray value)]."""
   from mxjax.nnx.modules import Linear  # noqa: PLC0415  (modules imports nothing of ours)
   changed = []
   for _, node in nnx.iter_graph(model):

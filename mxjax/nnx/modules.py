@@ -1,23 +1,11 @@
 """mxjax's NNX `Linear`, whose GEMM follows the active recipe (`mxjax.autocast`).
 
-Every variable holds one array, as `nnx.Optimizer`'s state does, so nnx's own tools
-(`nnx.eval_shape` under a mesh, `nnx.get_partition_spec`, `nnx.get_abstract_model`,
-checkpoints) see each array with its own sharding.
-
-The recipe state `recipe_state` is a `mxjax.state.RecipeState` whose arrays are
-`RecipeStateVar` variables (none for a stateless recipe). Each call stores the state with
-this call's input and kernel amaxes recorded (the forward half of `mxjax.state`); a call
-under another recipe kind replaces it (warning `Recipe type changed`). The gradient of
-the `RecipeStateVar`s is the fully advanced state (gradient overwrite), as in the linen
-modules: take `nnx.grad` with respect to `nnx.Any(nnx.Param, RecipeStateVar)` and assign
-the state part back (`nnx.update`) to advance the gradient's amax history too.
-
-A kernel made under `mxjax.quantized_model_init` (an MXArray pair, or one MXArray) is an
-MXArray of `QuantizedKernel` variables, not an `nnx.Param`: it is frozen, so `nnx.grad`
-(whose default `wrt` is `nnx.Param`) and `nnx.Optimizer(model, tx, wrt=nnx.Param)` leave
-it alone. A `kernel_init` annotated with `nnx.with_partitioning` gives each array its own
-annotation (`mxjax._src.sharding.leaf_specs`: the scales split only where the mesh splits them
-evenly), and nnx shards it as it shards an annotated `nnx.Param`.
+Every variable holds one array, so nnx's tools see each with its own sharding. The recipe
+state `recipe_state` is a `mxjax.state.RecipeState` of `RecipeStateVar` variables: each
+call stores it with its input and kernel amaxes recorded, and its gradient is the fully
+advanced state (gradient overwrite: `nnx.grad` wrt `nnx.Any(nnx.Param, RecipeStateVar)`,
+then `nnx.update`). A kernel made under `mxjax.quantized_model_init` is frozen: MXArrays
+of `QuantizedKernel` variables (not `nnx.Param`), each annotated for its own sharding.
 """
 
 from __future__ import annotations
@@ -42,9 +30,7 @@ class RecipeStateVar(nnx.Variable):
 
 
 class QuantizedKernel(nnx.Variable):
-  """One array (data or scales) of a kernel made under `mxjax.quantized_model_init`:
-  frozen, not an `nnx.Param` (an optimizer update of its E8M0 scales, even a zero one,
-  would be NaN)."""
+  """One array of a kernel made under `mxjax.quantized_model_init`: frozen, not a Param."""
 
 
 def _is_variable(x) -> bool:
@@ -68,19 +54,14 @@ class Linear(nnx.Module):
       under `mxjax.quantized_model_init`, quantized, each array in a `QuantizedKernel`.
     use_bias: add a bias [out_features].
     dtype: computation dtype; None: promoted from input and params.
-    preferred_element_type: the product's output dtype (None: `dtype`), as in
-      `flax.nnx.Linear` (e.g. bf16 operands, f32 output).
+    preferred_element_type: the product's output dtype (None: `dtype`).
     param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in
       `flax.nnx.Linear`.
-    precision: `lax.dot_general`'s, for the high-precision product (the MX and FP8
-      products fix their own).
-    promote_dtype: as in `flax.nnx.Linear`: `(x, kernel, bias) -> the same` with `dtype`;
-      a quantized kernel is passed as a `param_dtype` scalar (and kept as it is).
-    recipe: None means the autocast recipe (none: high precision), or, once
-      `mxjax.nnx.quantize` has given the layer a rule (`rule_recipe`), the rule's recipe
-      under an enabled autocast.
-    rngs: `nnx.Rngs` for the initializers; its "mx" stream, where it has one, gives the
-      keys of stochastic rounding (`recipe.needs_rng()`), a new one per call.
+    precision: `lax.dot_general`'s, for the high-precision product.
+    promote_dtype: as in `flax.nnx.Linear` (a quantized kernel passes as a scalar).
+    recipe: None means the autocast recipe, or the rule's (`rule_recipe`, set by
+      `mxjax.nnx.quantize`).
+    rngs: `nnx.Rngs` for the initializers; its "mx" stream gives stochastic rounding's keys.
   """
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
@@ -115,8 +96,7 @@ class Linear(nnx.Module):
     return autocast if autocast is None or self.rule_recipe == AUTOCAST else self.rule_recipe
 
   def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
-    """x [..., in_features] -> [..., out_features]; `out_sharding` (Explicit mesh axes) as
-    in `flax.nnx.Linear`."""
+    """x [..., in_features] -> [..., out_features]; `out_sharding` as in `nnx.Linear`."""
     kernel = nnx.as_pure(self.kernel)
     bias = self.bias.get_value() if self.bias is not None else None
     quantized = projection.is_quantized(kernel)
@@ -159,10 +139,8 @@ class Linear(nnx.Module):
 
 
 def _quantized_kernel(w, qinit: context.QuantizedInit, kernel_metadata: Mapping[str, Any]):
-  """`w` quantized under `qinit`, each array in a `QuantizedKernel`. Where the metadata
-  (`kernel_metadata`, or `nnx.with_partitioning`'s `nnx.VariableMetadata` around `w`)
-  has an `out_sharding`, each array gets its entries that split it evenly
-  (`mxjax._src.sharding.leaf_specs`) and the rest of the metadata."""
+  """`w` quantized under `qinit`, each array in a `QuantizedKernel` with the metadata (an
+  `out_sharding` per array: `sharding.leaf_specs`)."""
   metadata = dict(kernel_metadata)
   if isinstance(w, nnx.VariableMetadata):
     metadata.update(w.metadata)

@@ -4,27 +4,12 @@
     with mxjax.autocast(recipe=mxjax.MXFP8BlockScaling()):
       loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
 
-`quantize` makes every product of the model's call MX under an enabled autocast, in
-place: every stock `nnx.Linear` and `nnx.LinearGeneral` (the projections of
-`nnx.MultiHeadAttention` among them) gets an MX `dot_general`, and every `nnx.Einsum`
-an MX `einsum_op` (static attributes, named by the layer's graph path, e.g.
-`layers/0/attn/q_einsum`); the model's `__call__` runs every other product (`jnp.einsum`,
-`@`, `lax.ragged_dot` ... in its own code) through the interception core
-(`mxjax.nnx.every_product`), named `module path / op name` (`layers/0/attn/einsum_1`).
-`nnx.state(model)` (and every checkpoint of it) is unchanged. Each product runs the
-recipe of its rule (`mxjax.rules`) or the autocast recipe; with autocast off the model
-makes exactly the stock calls. A rule's None leaves a layer untouched. mxjax's own
-`Linear` layers follow the rules too (their static `rule_recipe`), unless built with a
-`recipe` of their own.
-
-`gemm_paths(model, *inputs)` lists the products in the order a call runs them
-(`mxjax.rules.preset("no_ends", ...)` takes its first and last); without inputs, the
-layers in the order their attributes were assigned (nnx's graph sorts them by name),
-which is the call order of a model that defines its layers in the order it calls them,
-but which a restored model (`nnx.merge`, `nnx.clone`) no longer has.
-
-Per-tensor state has no place in an unchanged `nnx.state`: a layer reached by
-DelayedScaling raises an error naming it (`mxjax.nnx.Linear` keeps such state).
+`quantize` gives every stock `nnx.Linear` / `nnx.LinearGeneral` an MX `dot_general` and
+every `nnx.Einsum` an MX `einsum_op` (static attributes named by the layer's graph path),
+and runs every other product of the model's `__call__` through the interception core
+(`mxjax.nnx.every_product`); `nnx.state(model)` is unchanged, and with autocast off the
+model makes exactly the stock calls. Per-tensor state (DelayedScaling) has no place in an
+unchanged `nnx.state`: such a layer raises (`mxjax.nnx.Linear` keeps the state).
 """
 
 from __future__ import annotations
@@ -50,8 +35,7 @@ class MXProduct:
   Attributes:
     path: the layer's graph path, for rules and errors.
     recipe: the rule's recipe, or "autocast" (the autocast recipe at call time).
-    einsum: True: called as `einsum_op(subscripts, a, b, ...)`; False: as
-      `dot_general(lhs, rhs, dimension_numbers, ...)`.
+    einsum: called as `einsum_op(subscripts, a, b, ...)`, else as `dot_general`.
   """
 
   path: str
@@ -110,8 +94,7 @@ def _definition_rank(model, path) -> list[int]:
 
 
 def _gemm_layers(model):
-  """(path, layer) of each stock Linear / LinearGeneral / Einsum and mxjax Linear layer,
-  in the order the model assigned them."""
+  """(path, layer) of each stock or mxjax GEMM layer, in the order the model assigned them."""
   layers = [(path, node) for path, node in nnx.iter_graph(model)
             if _stock_product(node) is not None or isinstance(node, Linear)]
   layers.sort(key=lambda item: _definition_rank(model, item[0]))
@@ -123,13 +106,10 @@ def gemm_paths(model: nnx.Module, *args, **kwargs) -> list:
 
   Args:
     model: an `nnx.Module`.
-    args, kwargs: inputs of `model(*args, **kwargs)`: the call is traced once (nothing
-      is computed, the model left as it was) and every product it runs is listed, in call
-      order, as a `ProductPath` (a `str` with `.product`: op, shapes, `activations`): a
-      stock or mxjax layer by its layer path, every other product by its module path and
-      op name (`layers/0/attn/einsum_1`). Without inputs: the stock Linear,
-      LinearGeneral, Einsum and mxjax Linear layers, in the order the model assigned them
-      (which `nnx.merge` / `nnx.clone`, a checkpoint restore, sort by name).
+    args, kwargs: inputs of `model(*args, **kwargs)`: the call is traced once and every
+      product it runs is listed in call order as a `ProductPath` (a `str` with
+      `.product`). Without inputs: the GEMM layers in the order the model assigned them
+      (lost by `nnx.merge` / `nnx.clone`, which sort by name).
   """
   if not args and not kwargs:
     return [path for path, _ in _gemm_layers(model)]
@@ -157,9 +137,8 @@ def quantize(model: nnx.Module, rules=None) -> nnx.Module:
 
   Returns:
     `model` itself; call it as before, plus `mx_rng=key` for recipes with stochastic
-    rounding (a new key per step). Everything is checked before anything changes: a bad
-    rule, or a matched layer that already has a product of its own (not the stock one,
-    nor an earlier `quantize`'s), raises and leaves the model as it was.
+    rounding. A bad rule, or a layer with a custom product of its own, raises before
+    anything changes.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"mxjax.nnx.quantize needs an nnx.Module, got {type(model).__name__}")

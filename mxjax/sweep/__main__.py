@@ -5,15 +5,13 @@ seed starts from that seed's initial params and sees its batches; the bf16 basel
 in the same invocation, and every other row is compared with it.
 
 Modes:
-  train  quantization-aware training: one run per format and seed, every linear layer's
-         GEMMs (forward and gradients; those --tier picks) under the format's recipe, or,
-         for int8_weight, the GEMMs in bf16 on quantized weights (straight-through
-         gradient); validation the same way.
-  ptq    post-training quantization of the bf16 model (loaded from
-         OUT/bf16_checkpoint/seed_S when it was made with the same settings, else trained
-         and saved): evaluated with its weights quantized as the format stores them
-         (weights) and with weights and activations quantized by the recipe
-         (weights+acts; fp8_delayed first fills its amax history from 8 training batches).
+  train  quantization-aware training: one run per format and seed, the GEMMs --tier picks
+         (forward and gradients) under the format's recipe (int8_weight: bf16 GEMMs on
+         quantized weights, straight-through); validation the same way.
+  ptq    post-training quantization of the bf16 model (loaded from OUT/bf16_checkpoint/
+         seed_S when made with the same settings, else trained and saved): its weights
+         quantized as the format stores them (weights), and weights and activations under
+         the recipe (weights+acts; fp8_delayed calibrates on 8 training batches).
 
 Formats (any spelling: the MX evaluation harnesses' fp8_e4m3, mxjax's e4m3, mxfp8_e4m3):
   bf16                        the baseline (always run)
@@ -36,14 +34,10 @@ mxjax.linen.intercept; weight-only rows quantize the same kernels): all; no_ends
 first and last GEMM and the LM head stay bf16); mlp_only (only the MLPs' GEMMs).
 
 Outputs: a table on stdout (and OUT/results.md), OUT/results.json, OUT/loss_curves.png,
-and the bf16 model's params in OUT/bf16_checkpoint/seed_S (what --mode ptq and
-mxjax-eval load). The progress bars' ETAs start after each run's first step (its
-compilation).
-With --seeds N every row runs under N seeds (init and data order; the corpus stays the
-one --seed draws): the table gives mean ± std of the validation loss and of Δ (each
-seed's Δ against bf16 of the same seed) and marks Δ significant when |mean Δ| exceeds
-2 standard errors (std / sqrt(N)); the PNG shades the seeds' spread and draws ±2 SE
-whiskers. One seed gives values without error bars.
+and the bf16 params in OUT/bf16_checkpoint/seed_S (for --mode ptq and mxjax-eval).
+With --seeds N every row runs under N seeds (init and data order): the table gives
+mean ± std of the validation loss and of Δ (against bf16 of the same seed), and marks Δ
+significant beyond 2 standard errors (std / sqrt(N)); the PNG shows the spread.
 
 Examples:
   mxjax-sweep                                   # the demo: bf16 + 5 MX formats, CPU
@@ -53,12 +47,9 @@ Examples:
   mxjax-sweep --scale-mode floor --out floor_sweep
 
 The defaults (d_model 128, 2 layers, seq 64, batch 16, 200 steps, one seed) run the six
-default rows in about two minutes on an idle 2-core CPU (AVX-512). At these settings the
-rows of formats within a few tenths of a percent of bf16 are at the noise level (a 1%
-change of --lr moves the bf16 validation loss by ~0.1%): use --seeds to tell. A much
-higher --lr makes runs chaotic (~2% apart from any perturbation), hiding the formats'
-differences. Larger settings separate the formats more reliably (more steps, wider
-model) but take proportionally longer, e.g. on an accelerator:
+default rows in about two minutes on an idle 2-core CPU; formats within a few tenths of a
+percent of bf16 are then at the noise level (use --seeds). Larger settings separate the
+formats more reliably, e.g. on an accelerator:
   mxjax-sweep --d-model 256 --layers 4 --heads 8 --seq-len 256 --batch-size 32 \\
       --steps 2000 --max-samples 1000 --eval-batches 32
 """

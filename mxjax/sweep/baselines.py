@@ -1,15 +1,7 @@
 """Weight quantizers of the sweep's rows, in plain jnp: what a user would pick instead of MX.
 
-Each maps a GEMM kernel in 2-D form `w [K, N]` (K contracted) to its quantize-dequantize
-in w's dtype, with a straight-through gradient (the identity), so the same function
-serves weight-only QAT and PTQ:
-
-- `int8_per_channel`: symmetric INT8 with one f32 scale per output channel (column n):
-  `scale = max_k |w[k, n]| / 127`, `q = clip(round(w / scale), -127, 127)`. The matmul
-  then runs in high precision on `q * scale` (weight-only quantization).
-- `fp8_per_tensor`: one scale for the whole kernel, `fp8_max / amax` (as
-  `mxjax.fp8`'s current scaling computes it), elements cast to FP8.
-- `mx`: MX block quantization along K (`mxjax._src.quantize.fake_quantize`).
+Each maps a GEMM kernel `w [K, N]` (K contracted) to its quantize-dequantize in w's dtype,
+with a straight-through gradient, for weight-only QAT and PTQ alike.
 """
 
 from __future__ import annotations
@@ -30,10 +22,7 @@ def _straight_through(w, wq):
 
 
 def int8_per_channel(w: jax.Array) -> jax.Array:
-  """w [K, N] -> INT8-per-output-channel quantize-dequantize of w, same shape and dtype.
-
-  A column of zeros stays zero.
-  """
+  """w [K, N] -> symmetric INT8 quantize-dequantize, one scale `amax / 127` per column."""
   w32 = w.astype(jnp.float32)
   amax = jnp.max(jnp.abs(w32), axis=0, keepdims=True)  # [1, N]
   scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)

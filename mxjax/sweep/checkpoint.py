@@ -1,11 +1,6 @@
-"""The bf16 baseline's checkpoint (orbax), reused by `--mode ptq` when it still fits.
-
-Layout under the output directory, one checkpoint per seed:
-
-  bf16_checkpoint/seed_S/params/   orbax StandardCheckpointer tree of the float32 params
-  bf16_checkpoint/seed_S/meta.json what made them (`key`: model shape, data, training) and
-                                   the training curve and timing
-"""
+"""The bf16 baseline's checkpoint (orbax), reused by `--mode ptq` when it still fits:
+`bf16_checkpoint/seed_S/params/` (the f32 params) and `.../meta.json` (`key`: what made
+them, plus the training curve and timing)."""
 
 from __future__ import annotations
 
@@ -30,10 +25,7 @@ def _paths(out_dir: str, seed: int) -> tuple[str, str]:
 
 
 def save(out_dir: str, seed: int, params, key: dict[str, Any], extra: dict[str, Any]) -> str:
-  """Writes `params` and `{"key": key, **extra}`; returns the checkpoint directory.
-
-  `key` must be JSON-serializable: a later `load` with another key ignores the checkpoint.
-  """
+  """Writes `params` and `{"key": key, **extra}` (JSON); returns the checkpoint directory."""
   params_dir, meta_path = _paths(out_dir, seed)
   if os.path.exists(meta_path):
     os.remove(meta_path)  # never leave a meta that describes other params
@@ -47,17 +39,8 @@ def save(out_dir: str, seed: int, params, key: dict[str, Any], extra: dict[str, 
 
 
 def load(out_dir: str, seed: int, key: dict[str, Any], like_params):
-  """The saved params and meta if a checkpoint made with `key` is there, else None.
-
-  Args:
-    out_dir: the sweep's output directory.
-    seed: the seed whose model is wanted.
-    key: what the params must have been made with (compared as JSON).
-    like_params: a params tree of the expected structure, shapes and dtypes.
-
-  Returns:
-    (params, meta dict) or None (nothing saved, another key, or unreadable).
-  """
+  """(params, meta) if a readable checkpoint made with `key` (compared as JSON) is there,
+  else None; `like_params`: a tree of the expected structure, shapes and dtypes."""
   params_dir, meta_path = _paths(out_dir, seed)
   if not (os.path.isfile(meta_path) and os.path.isdir(params_dir)):
     return None

@@ -1,8 +1,5 @@
-"""The sweep's text corpus: the Python standard library's own `.py` sources, as bytes.
-
-Every machine with Python has it, so nothing is downloaded. A seeded selection of files
-is split by file (a file is in train or in validation, never both) and read as raw bytes
-(the model is byte-level, vocabulary 256).
+"""The sweep's text corpus: the Python standard library's own `.py` sources as raw bytes
+(nothing to download), a seeded selection of files split by file into train / validation.
 """
 
 from __future__ import annotations
@@ -58,10 +55,8 @@ def source_files(root: str) -> list[str]:
 
 def load(max_files: int = 256, val_fraction: float = 0.1, seed: int = 0,
          root: str | None = None) -> Corpus:
-  """Reads a seeded selection of `max_files` stdlib sources and splits it by file.
-
-  The selection and the split depend only on `seed` and the directory listing, so every
-  call (and every format of a sweep) sees the same bytes.
+  """Reads a seeded selection of `max_files` stdlib sources and splits it by file (the same
+  bytes for the same `seed` and directory listing).
 
   Args:
     max_files: how many files to draw (all of them if fewer exist).
@@ -106,11 +101,7 @@ def train_batches(tokens: np.ndarray, batch_size: int, seq_len: int,
 
 def eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int,
                  num_batches: int) -> list[np.ndarray]:
-  """`num_batches` fixed windows spread evenly over `tokens` (deterministic).
-
-  Returns:
-    A list of int32[batch_size, seq_len + 1].
-  """
+  """`num_batches` int32[batch_size, seq_len + 1] windows spread evenly over `tokens`."""
   _check_length(tokens, seq_len)
   count = batch_size * num_batches
   starts = np.linspace(0, tokens.size - seq_len - 1, count).astype(np.int64)

@@ -1,13 +1,6 @@
-"""The formats a sweep compares: a name (and the other names users type for it), how its
-GEMMs run, and what its weights cost to store.
-
-Kinds of rows:
-  baseline       bf16, no quantization.
-  block_scaled   a block-scaled recipe: every GEMM's operands (forward) and gradients
-                 (backward) in its roles' formats (MX, NVFP4, FP8 1x128 / 128x128 blocks,
-                 MX with 2-D weights / stochastic rounding / RHT).
-  per_tensor     a per-tensor FP8 recipe of mxjax (DelayedScaling, Float8CurrentScaling).
-  weight_only    the weights quantize-dequantized (INT8 per output channel), GEMMs in bf16.
+"""The formats a sweep compares: names (every spelling), how the GEMMs run, and what the
+weights cost to store. Kinds: baseline (bf16), block_scaled (a block-scaled recipe),
+per_tensor (per-tensor FP8), weight_only (INT8 weights, bf16 GEMMs).
 """
 
 from __future__ import annotations
@@ -33,12 +26,10 @@ class SweepRow:
   Attributes:
     name: the canonical name, shown in the table, e.g. "mxfp8_e4m3".
     kind: "baseline", "block_scaled", "per_tensor" or "weight_only".
-    weight_format: the element format weights are quantized to ("int8" for INT8; None:
-      bf16, unquantized).
-    make_recipe: `(block_size, scale_mode) -> Recipe`, or None (no recipe: bf16 GEMMs).
+    weight_format: the element format of the weights ("int8"; None: bf16).
+    make_recipe: `(block_size, scale_mode) -> Recipe`, or None (bf16 GEMMs).
     label: a short description.
-    aliases: other names that select it (harness names "fp8_e4m3", op names "e4m3" ...).
-    given: the name the user typed for it (set by `parse`).
+    aliases, given: other names that select it, and the one the user typed (`parse`).
   """
 
   name: str
@@ -70,9 +61,7 @@ class SweepRow:
     return None
 
   def bytes_per_param(self, block_size: int = 32) -> float:
-    """Storage of one weight: the weight format's element bits / 8 plus its scale bytes
-    per block; 1 for per-tensor FP8 and INT8 (their per-tensor / per-channel scales left
-    out); bf16: 2."""
+    """Storage of one weight, block scales included (per-tensor FP8, INT8: 1; bf16: 2)."""
     if self.weight_format is None:
       return 2.0
     if self.kind == "block_scaled":
@@ -83,7 +72,7 @@ class SweepRow:
 def _mx(width: str, element: str, label: str, make_recipe) -> SweepRow:
   """An MX row, named `mx{width}_{element}`, also `{width}_{element}` and `{element}`."""
   return SweepRow(f"mx{width}_{element}", "block_scaled", element, make_recipe, label,
-                     (f"{width}_{element}", element))
+                  (f"{width}_{element}", element))
 
 
 FORMATS: dict[str, SweepRow] = {f.name: f for f in (
@@ -93,9 +82,8 @@ FORMATS: dict[str, SweepRow] = {f.name: f for f in (
     _mx("fp8", "e5m2", "MXFP8 E5M2 fwd+bwd",
         lambda b, s: MXBlockScaling("e5m2", "e5m2", block_size=b, scale_mode=s)),
     SweepRow("mxfp8_hybrid", "block_scaled", "e4m3",
-                lambda b, s: MXFP8BlockScaling(fp8_format=Format.HYBRID, block_size=b,
-                                               scale_mode=s),
-                "MXFP8 E4M3 fwd, E5M2 grads", ("hybrid",)),
+             lambda b, s: MXFP8BlockScaling(fp8_format=Format.HYBRID, block_size=b, scale_mode=s),
+             "MXFP8 E4M3 fwd, E5M2 grads", ("hybrid",)),
     _mx("fp6", "e3m2", "MXFP6 E3M2 fwd+bwd",
         lambda b, s: MXFP6BlockScaling(fp6_format=Format.E3M2, block_size=b, scale_mode=s)),
     _mx("fp6", "e2m3", "MXFP6 E2M3 fwd+bwd",
@@ -103,42 +91,40 @@ FORMATS: dict[str, SweepRow] = {f.name: f for f in (
     _mx("fp4", "e2m1", "MXFP4 E2M1 fwd+bwd",
         lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s)),
     SweepRow("nvfp4", "block_scaled", "e2m1", lambda b, s: NVFP4BlockScaling(),
-                "NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale, 16x16 weights, "
-                "SR grads, RHT wgrad", ("nvfp4_e2m1",)),
+             "NVFP4 (TE): E2M1, E4M3 scales per 16, FP32 tensor scale, 16x16 weights, "
+             "SR grads, RHT wgrad", ("nvfp4_e2m1",)),
     SweepRow("nvfp4_no_sr", "block_scaled", "e2m1",
-                lambda b, s: NVFP4BlockScaling(disable_stochastic_rounding=True),
-                "NVFP4, gradients rounded to nearest (ablation)"),
-    SweepRow("nvfp4_no_rht", "block_scaled", "e2m1", lambda b, s: NVFP4BlockScaling(disable_rht=True),
-                "NVFP4 without the RHT (ablation)"),
+             lambda b, s: NVFP4BlockScaling(disable_stochastic_rounding=True),
+             "NVFP4, gradients rounded to nearest (ablation)"),
+    SweepRow("nvfp4_no_rht", "block_scaled", "e2m1",
+             lambda b, s: NVFP4BlockScaling(disable_rht=True), "NVFP4 without the RHT (ablation)"),
     SweepRow("nvfp4_1d", "block_scaled", "e2m1",
-                lambda b, s: NVFP4BlockScaling(disable_2d_quantization=True),
-                "NVFP4, 1x16 weight blocks (ablation)"),
+             lambda b, s: NVFP4BlockScaling(disable_2d_quantization=True),
+             "NVFP4, 1x16 weight blocks (ablation)"),
     SweepRow("fp8_block", "block_scaled", "e4m3", lambda b, s: Float8BlockScaling(),
-                "FP8 blocks (DeepSeek-V3 / TE): E4M3, 1x128 acts+grads, 128x128 weights, "
-                "pow2 FP32 scales", ("float8_block", "fp8_blockwise")),
+             "FP8 blocks (DeepSeek-V3 / TE): E4M3, 1x128 acts+grads, 128x128 weights, "
+             "pow2 FP32 scales", ("float8_block", "fp8_blockwise")),
     SweepRow("mxfp4_sr_rht", "block_scaled", "e2m1",
-                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
-                                               stochastic_rounding=True,
-                                               random_hadamard_transform=True),
-                "MXFP4 + stochastic rounding (grads) + RHT (wgrad)", ("fp4_sr_rht",)),
+             lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s, stochastic_rounding=True,
+                                            random_hadamard_transform=True),
+             "MXFP4 + stochastic rounding (grads) + RHT (wgrad)", ("fp4_sr_rht",)),
     SweepRow("mxfp4_sr", "block_scaled", "e2m1",
-                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
-                                               stochastic_rounding=True),
-                "MXFP4 + stochastic rounding (grads)", ("fp4_sr",)),
+             lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s, stochastic_rounding=True),
+             "MXFP4 + stochastic rounding (grads)", ("fp4_sr",)),
     SweepRow("mxfp4_rht", "block_scaled", "e2m1",
-                lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
-                                               random_hadamard_transform=True),
-                "MXFP4 + RHT (wgrad)", ("fp4_rht",)),
+             lambda b, s: MXFP4BlockScaling(block_size=b, scale_mode=s,
+                                            random_hadamard_transform=True),
+             "MXFP4 + RHT (wgrad)", ("fp4_rht",)),
     SweepRow("mxfp8_2d", "block_scaled", "e4m3",
-                lambda b, s: MXFP8BlockScaling(block_size=b, scale_mode=s,
-                                               enable_2d_quantization=True),
-                "MXFP8 E4M3, 32x32 weight tiles", ("fp8_2d",)),
+             lambda b, s: MXFP8BlockScaling(block_size=b, scale_mode=s,
+                                            enable_2d_quantization=True),
+             "MXFP8 E4M3, 32x32 weight tiles", ("fp8_2d",)),
     SweepRow("fp8_delayed", "per_tensor", "e4m3", lambda b, s: DelayedScaling(),
-                "per-tensor FP8, delayed scaling (E4M3 fwd, E5M2 grads)", ("delayed",)),
+             "per-tensor FP8, delayed scaling (E4M3 fwd, E5M2 grads)", ("delayed",)),
     SweepRow("fp8_current", "per_tensor", "e4m3", lambda b, s: Float8CurrentScaling(),
-                "per-tensor FP8, current scaling (E4M3 fwd, E5M2 grads)", ("current",)),
+             "per-tensor FP8, current scaling (E4M3 fwd, E5M2 grads)", ("current",)),
     SweepRow("int8_weight", "weight_only", "int8", None,
-                "INT8 weights (per output channel), bf16 GEMMs", ("int8",)),
+             "INT8 weights (per output channel), bf16 GEMMs", ("int8",)),
 )}
 
 #: The demo's rows: bf16 and the five MX presets of MX evaluation harnesses.

@@ -1,9 +1,8 @@
 """Generation from the sweep's language model with a KV cache, under `jax.jit`.
 
-`CachedLM` is `model.LanguageModel` with a key / value cache per block (the variable
-collection "cache"): the same submodules and names, so it takes the same params, high
-precision or MX (`mxjax.quantize_params`). `generate` prefills the prompt in one call and
-then decodes one token per step in a `lax.fori_loop`, all in one jitted program.
+`CachedLM` is `model.LanguageModel` with a KV cache per block (collection "cache"), taking
+the same params (or `quantize_params`' MX ones); `generate` prefills the prompt, then
+decodes one token per step in a `lax.fori_loop`.
 """
 
 from __future__ import annotations
@@ -81,9 +80,7 @@ def generate(params, prompt, key, *, config: ModelConfig, steps: int,
              temperature: float = 0.0, dtype=jnp.bfloat16):
   """`steps` tokens after `prompt` int32[B, P] (P + steps <= max_len): int32[B, steps].
 
-  Greedy when `temperature` is 0, else sampled from softmax(logits / temperature) with
-  `key`. Runs under the caller's `mxjax.autocast` / layer rules (jit traces again when
-  they change); `params` may hold MX kernels.
+  Greedy when `temperature` is 0, else sampled with `key`; under the caller's autocast.
   """
   b, p = prompt.shape
   if p + steps > config.max_len:

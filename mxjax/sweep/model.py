@@ -1,10 +1,8 @@
 """A small byte-level decoder-only transformer whose every linear layer is an mxjax module.
 
 Pre-norm blocks: `LayerNormDense` (qkv) -> causal attention -> `DenseGeneral` (out);
-`LayerNormMLP` (gelu). The LM head is a `LayerNormDense`. So every GEMM with weights
-follows the recipe of the enclosing `mxjax._src.context.autocast` (none: plain `dtype`).
-The attention scores and the embedding lookup have no weights to quantize and stay
-in `dtype`.
+`LayerNormMLP` (gelu); a `LayerNormDense` LM head. Every GEMM with weights follows the
+autocast recipe; attention scores and the embedding lookup stay in `dtype`.
 """
 
 from __future__ import annotations
@@ -24,16 +22,8 @@ VOCAB = 256
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape of the model.
-
-  Attributes:
-    d_model: residual width (a multiple of `heads`).
-    layers: transformer blocks.
-    heads: attention heads.
-    max_len: longest sequence (learned positions).
-    mlp_ratio: MLP hidden width / d_model.
-    vocab: byte vocabulary.
-  """
+  """Shape of the model: residual width (a multiple of `heads`), blocks, heads, longest
+  sequence (learned positions), MLP width / d_model, byte vocabulary."""
 
   d_model: int = 128
   layers: int = 2
@@ -102,17 +92,12 @@ class LanguageModel(nn.Module):
 
 
 def contraction_ndim(path: tuple[str, ...]) -> int:
-  """How many leading dims of the kernel at `path` are contracted (the rest are features).
-
-  DenseGeneral kernels are `[*in_dims, *features]`; only the attention output projection
-  contracts two dims (heads, head_dim).
-  """
+  """How many leading dims of the kernel at `path` are contracted (2 for attention's out)."""
   return 2 if "out" in path else 1
 
 
 def layer_path(path: tuple[str, ...]) -> str:
-  """The GEMM layer path of a kernel's param path: ('block_0', 'qkv', 'dense', 'kernel')
-  -> 'block_0/qkv/dense' (as `mxjax.linen.gemm_paths` names layers)."""
+  """The GEMM layer path of a kernel's param path: (..., 'dense', 'kernel') -> '.../dense'."""
   return "/".join(path[:-1])
 
 

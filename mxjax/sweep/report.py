@@ -22,8 +22,7 @@ class Run:
     seed: the init / data-order seed.
     val_loss: mean validation cross entropy, nats per byte.
     step_ms: median train step (train mode) or eval batch (ptq mode) time, ms.
-    train_loss: final training loss (mean of the last steps), None if not trained here.
-    curve: per-step training losses (empty for PTQ rows).
+    train_loss, curve: final training loss (None if not trained here), per-step losses.
     delta_pct: val loss vs the baseline's of the same seed, percent (`add_deltas`).
   """
 
@@ -47,10 +46,8 @@ class Row:
 
   Attributes:
     format: the canonical sweep format name (e.g. "mxfp8_e4m3").
-    quantized: what was quantized: "-" (baseline), "fwd+bwd" (QAT), "weights" or
-      "weights+acts" (PTQ).
-    bytes_per_param: storage of one weight, scales included (bf16: 2).
-    given: the name the user typed for the format.
+    quantized: "-" (baseline), "fwd+bwd" (QAT), "weights" or "weights+acts" (PTQ).
+    bytes_per_param, given: storage of one weight (bf16: 2); the name the user typed.
     runs: one Run per seed.
   """
 
@@ -121,8 +118,7 @@ class Row:
 
 
 def add_deltas(rows: Sequence[Row], baseline: Row) -> None:
-  """Sets each run's `delta_pct`: its validation loss vs the baseline's run of the same
-  seed, in percent (paired: seed-to-seed noise shared by both cancels)."""
+  """Sets each run's `delta_pct`: its validation loss vs the baseline's of the same seed, %."""
   base = {r.seed: r.val_loss for r in baseline.runs}
   for row in rows:
     for r in row.runs:
@@ -143,8 +139,7 @@ def _spread(mean, std, spec: str, unit: str = "") -> str:
 
 
 def table(rows: Sequence[Row], mode: str) -> str:
-  """The results as an aligned Markdown table. Over several seeds the losses and Δ show
-  mean ± std, and a column says whether Δ exceeds 2 standard errors."""
+  """The results as an aligned Markdown table (several seeds: mean ± std, Δ > 2 SE)."""
   seeds = max(len(r.runs) for r in rows)
   time_header = "step ms" if mode == "train" else "eval ms"
   header = ["format", "quantized", "train loss", "val loss", "ppl", "Δ val loss"]
@@ -171,8 +166,7 @@ def table(rows: Sequence[Row], mode: str) -> str:
 
 
 def write_json(out_dir: str, rows: Sequence[Row], meta: dict[str, Any]) -> str:
-  """Writes `results.json` (meta + rows with their runs and curves) whole or not at all
-  (a temporary file renamed into place); returns its path."""
+  """Writes `results.json` (meta + rows) atomically; returns its path."""
   path = os.path.join(out_dir, RESULTS_JSON)
   data = dict(meta)
   data["rows"] = [r.summary() for r in rows]
@@ -204,14 +198,9 @@ def _smooth(curve: Sequence[float], alpha: float) -> np.ndarray:
 def plot(out_dir: str, rows: Sequence[Row], mode: str, title: str) -> str:
   """Saves the loss curves PNG (headless, Agg); returns its path.
 
-  train mode, three panels: the smoothed mean training loss of every format (band:
-  the seeds' lowest to highest, with several seeds); each format's training loss minus
-  bf16's of the same seed and step, in percent (the formats close to bf16 are told
-  apart here; a symmetric-log axis keeps a far one on the same panel); and each row's
-  Δ validation loss (with several seeds: the mean, ±2 standard errors, each seed as a
-  dot, and * where the mean is beyond 2 SE; with one seed, the value alone). ptq mode:
-  the baseline's training curve, and a bar chart of the validation loss per format and
-  what was quantized (error bars: ±1 std).
+  train mode: the smoothed training losses, each minus bf16's (same seed and step, in %,
+  symlog where one is far), and Δ validation loss per row (±2 SE over seeds). ptq mode:
+  the baseline's curve and the validation loss per format and what was quantized.
   """
   import matplotlib
   matplotlib.use("Agg")
@@ -285,8 +274,7 @@ def _curves(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
 
 
 def _differences(ax, rows: Sequence[Row], colors: dict) -> None:
-  """Each format's smoothed training loss minus the baseline's, same seed and step, in %
-  of the baseline's (paired: the batches are the same, so their noise cancels)."""
+  """Each format's smoothed training loss minus the baseline's, same seed and step, in %."""
   base = next((r for r in rows if r.quantized == "-"), None)
   if base is None:
     return
@@ -335,8 +323,7 @@ def _differences(ax, rows: Sequence[Row], colors: dict) -> None:
 
 
 def _deltas(ax, rows: Sequence[Row], colors: dict | None = None) -> None:
-  """Horizontal bars of Δ validation loss, the value written past each bar's end; the
-  spread of the seeds only where there are several."""
+  """Horizontal bars of Δ validation loss, each value written past its bar."""
   colors = colors or {}
   ys = np.arange(len(rows))[::-1]
   means = np.array([r.delta_pct if r.delta_pct is not None else np.nan for r in rows])

@@ -1,10 +1,6 @@
-"""Training and evaluation loops of the sweep: one jitted AdamW step, run under a row's
-`Treatment` (autocast recipe, GEMM rules, weight quantizer).
-
-Every run of a seed starts from the same initial params and sees the same batches in the
-same order; only the treatment differs. A `Runner` jits its step once, under its
-treatment, and runs it for every seed.
-"""
+"""Training and evaluation loops of the sweep: one jitted AdamW step under a row's
+`Treatment` (autocast recipe, GEMM rules, weight quantizer); every run of a seed starts
+from the same params and batches, only the treatment differs."""
 
 from __future__ import annotations
 
@@ -34,9 +30,8 @@ class TrainConfig:
   Attributes:
     steps: optimizer steps.
     learning_rate: peak AdamW learning rate (linear warmup, cosine decay to 10%).
-    warmup: warmup steps (capped at steps // 5).
-    weight_decay: AdamW decay of the matrices (embeddings, kernels).
-    clip_norm: global gradient-norm clip.
+    warmup, weight_decay, clip_norm: warmup steps (at most steps // 5), AdamW decay of
+      the matrices, global gradient-norm clip.
     seed: params init seed (the data order has its own seed, the same for every run).
   """
 
@@ -50,22 +45,13 @@ class TrainConfig:
 
 @dataclasses.dataclass
 class RunStats:
-  """What one training run measured.
-
-  Attributes:
-    curve: the training loss of every step.
-    step_ms: median wall time of a step after the first (the first compiles).
-    compile_s: wall time of the first step (trace + compile + run).
-    seconds: wall time of the whole run.
-  """
+  """What one training run measured: the loss of every step, the median ms of a step after
+  the first, the first step's seconds (with compilation) and the run's."""
 
   curve: list[float]
   step_ms: float
   compile_s: float
   seconds: float
-
-  def final_loss(self) -> float:
-    return final_loss(self.curve)
 
 
 def final_loss(curve: Sequence[float], window: int = 10) -> float:
@@ -109,12 +95,9 @@ class Treatment:
 
   Attributes:
     recipe: the autocast recipe; None: GEMMs in the model's dtype.
-    weight_quantizer: `w [K, N] -> quantize-dequantize of w` (straight-through gradient)
-      applied to the kernels before every forward pass (weight-only rows), or None.
-    rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier): a layer whose
-      first matching rule says None stays in high precision, for the recipe (applied with
-      `mxjax._src.context.layer_rules`: the model's layers are mxjax's own, and its attention
-      products stay in high precision, as TransformerEngine keeps them) and for
+    weight_quantizer: `w [K, N] -> quantize-dequantize of w` (straight-through) applied
+      to the kernels before every forward pass (weight-only rows), or None.
+    rules: `(regex, recipe | None)` layer rules (`mxjax.rules`, a tier) for the recipe and
       `weight_quantizer` alike; () reaches every GEMM.
   """
 
@@ -125,8 +108,7 @@ class Treatment:
   @classmethod
   def for_gemms(cls, f: formats_lib.SweepRow, block_size: int = 32,
                 scale_mode: str = "rceil", rules: tuple = ()) -> "Treatment":
-    """Row `f`'s GEMM recipe (QAT, PTQ weights+acts); weight-only rows quantize the
-    kernels instead."""
+    """Row `f`'s GEMM recipe (weight-only rows: its kernels quantized instead)."""
     if f.kind == "weight_only":
       return cls.weights_only(f, block_size, scale_mode, rules)
     return cls(recipe=f.recipe(block_size, scale_mode), rules=rules)
@@ -161,10 +143,8 @@ class Treatment:
 class Runner:
   """Training, calibration and evaluation of one treatment, each jitted once for all seeds.
 
-  Under a stateful recipe (DelayedScaling) the model's recipe state (the "mx_state"
-  collection of amax histories) is carried next to the params and advanced as
-  `mxjax.state` describes (the gradient of the state is the next state); otherwise the
-  state is an empty dict.
+  A stateful recipe's "mx_state" collection is carried next to the params and advanced as
+  `mxjax.state` describes; otherwise the state is an empty dict.
   """
 
   def __init__(self, model: model_lib.LanguageModel, config: TrainConfig,
@@ -184,8 +164,7 @@ class Runner:
     self._forward = jax.jit(self._apply)
 
   def _apply(self, params, state, batch, key=None):
-    """(loss, state after the forward) of `batch` int32[B, T + 1]; `key` feeds the "mx"
-    rng stream (stochastic rounding)."""
+    """(loss, state after the forward) of `batch` int32[B, T + 1]; `key`: the "mx" rng."""
     params = self.treatment.weights(params)
     rngs = {"mx": key} if key is not None else {}
     if not self.stateful:
@@ -197,8 +176,7 @@ class Runner:
     return cross_entropy(logits, batch), mutated[state_lib.STATE_COLLECTION]
 
   def _step(self, params, state, opt_state, batch, key=None):
-    """(params, state, opt_state, loss) after one AdamW step on `batch` int32[B, T + 1];
-    call it (jitted: `step`) under `treatment.context()`. `key`: the step's "mx" key."""
+    """(params, state, opt_state, loss) after one AdamW step on `batch` int32[B, T + 1]."""
     (loss, mutated), (g_params, g_state) = jax.value_and_grad(
         self._apply, argnums=(0, 1), has_aux=True)(params, state, batch, key)
     updates, opt_state = self.tx.update(g_params, opt_state, params)
@@ -207,12 +185,7 @@ class Runner:
 
   def train(self, params, batches: Iterator[np.ndarray], desc: str = "train",
             progress: bool = True):
-    """Trains `params` (not modified) for `config.steps` steps of `batches`
-    (int32[B, T + 1]).
-
-    Returns:
-      (trained params, recipe state, RunStats).
-    """
+    """(trained params, recipe state, RunStats) of `config.steps` steps of `batches`."""
     state, opt_state = self.state0, self.tx.init(params)
     curve, times = [], []
     start = time.perf_counter()
@@ -241,8 +214,7 @@ class Runner:
     return params, state, stats
 
   def calibrate(self, params, batches: Iterator[np.ndarray], count: int):
-    """The recipe state after `count` forward passes over `batches` (PTQ under a stateful
-    recipe: the amax histories filled from data); the initial state for stateless ones."""
+    """The recipe state after `count` forward passes over `batches` (stateful recipes)."""
     state = self.state0
     if not self.stateful:
       return state
@@ -252,11 +224,7 @@ class Runner:
     return state
 
   def evaluate(self, params, state, batches: Sequence[np.ndarray]) -> tuple[float, float]:
-    """Mean cross entropy (nats per byte) over `batches`, the state left as it is.
-
-    Returns:
-      (mean loss, median ms per batch after the first).
-    """
+    """(mean cross entropy in nats per byte, median ms per batch after the first)."""
     losses, times = [], []
     with self.treatment.context():
       for b in batches:
