@@ -18,13 +18,13 @@ def _jaxprs(value):
 
 
 def _is_mx_product(eqn) -> bool:
-  """An MX product is mxjax's block-scaled `dot_general` (`mxjax._src.dot._mx_dot`): a
+  """An MX product is mxjax's block-scaled product (`mxjax._src.product._product`): a
   `custom_vjp` traced from that function (its backward's name is lost under vmap)."""
   if eqn.primitive.name != "custom_vjp_call":
     return False
   info = getattr(eqn.params["call_jaxpr"].jaxpr, "debug_info", None)
   source = getattr(info, "func_src_info", None) or ""
-  return source.split(" ")[0] == "_mx_dot" or "_mx_dot_bwd" in str(eqn.params.get("bwd"))
+  return source.split(" ")[0] == "_product" or "_product_bwd" in str(eqn.params.get("bwd"))
 
 
 def _count(jaxpr) -> int:
