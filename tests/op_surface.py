@@ -7,10 +7,13 @@ and compares the files byte for byte. Covers every format x scale mode x orienta
 (rowwise, columnwise, quantize_2x's pair), every block size, dequantize to every dtype
 and fake_quantize, on all bf16 bit patterns, ragged f32 and rank-3 f16 data. Also saves
 `custom_calls`: how many mxjax custom calls the compiled HLO of the whole surface has.
+The block-scaled formats (NVFP4, FP8 blocks, 2-D MX) run their ops too, stochastic
+rounding included.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -22,7 +25,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (DTYPES, FORMAT_NAMES, SCALE_MODES, all_bf16_patterns,  # noqa: E402
                       special_blocks)
 import mxjax  # noqa: E402
-from mxjax import formats  # noqa: E402
+
+# The block-scaled formats beside MX's element x mode x block grid: NVFP4 (1-D and 16x16
+# with the tensor scale), FP8 1x128 / 128x128 (power-of-two and FP32 scales), 2-D MX.
+BLOCK_FORMATS = {"nvfp4": mxjax.nvfp4(), "nvfp4_2d": mxjax.nvfp4(two_d=True),
+                 "fp8_block": mxjax.fp8_block(), "fp8_block_fp32": mxjax.fp8_block(pow2=False),
+                 "fp8_2d": mxjax.fp8_block(two_d=True), "mxfp4_2d": mxjax.mx("e2m1", two_d=True)}
+TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize", "mxjax_fake_quantize",
+           "mxjax_block_quantize", "mxjax_block_quantize_2x", "mxjax_block_dequantize",
+           "mxjax_block_fake_quantize", "mxjax_tensor_amax")
 
 
 def inputs() -> dict:
@@ -44,7 +55,7 @@ def inputs() -> dict:
 def surface(x, fmt: str, mode: str) -> dict:
   """name -> result array of every op on `x` for one format and scale mode."""
   out = {}
-  for block_size in formats.BLOCK_SIZES:
+  for block_size in mxjax.BLOCK_SIZES:
     for axis, orientation in ((-1, "row"), (0, "col")):
       a = mxjax.quantize(x, fmt, axis=axis, block_size=block_size, scale_mode=mode)
       out[f"{orientation}{block_size}.data"], out[f"{orientation}{block_size}.scales"] = (
@@ -59,19 +70,40 @@ def surface(x, fmt: str, mode: str) -> dict:
   return out
 
 
+def block_surface(x, fmt) -> dict:
+  """name -> result array of every op on `x` for one block-scaled format: quantize (1-D
+  blocks along both axes; 2-D tiles), with stochastic rounding, dequantize to every dtype,
+  quantize_2x (1-D) and fake_quantize."""
+  out = {}
+  axes = ((-1, "row"),) if fmt.two_d else ((-1, "row"), (0, "col"))
+  for axis, orientation in axes:
+    for sr, key in (("", None), ("_sr", jax.random.key(7))):
+      a = mxjax.quantize(x, fmt, axis=axis, rng=key)
+      out[f"{orientation}{sr}.data"], out[f"{orientation}{sr}.scales"] = a.data, a.scales
+      if a.tensor_scale is not None:
+        out[f"{orientation}{sr}.tensor_scale"] = a.tensor_scale
+    for dtype in DTYPES:
+      out[f"{orientation}.deq_{np.dtype(dtype).name}"] = a.dequantize(dtype)
+    out[f"{orientation}.fake"] = mxjax.fake_quantize(x, fmt, axis=axis)
+  if not fmt.two_d:
+    for name, a in zip(("2x_row", "2x_col"), mxjax.quantize_2x(x, fmt)):
+      out[f"{name}.data"], out[f"{name}.scales"] = a.data, a.scales
+  return out
+
+
 def main(path: str):
   results, custom_calls = {}, 0
   for name, x in inputs().items():
     x = jnp.asarray(x)
-    for fmt in FORMAT_NAMES:
-      for mode in SCALE_MODES:
-        fn = jax.jit(lambda v, fmt=fmt, mode=mode: surface(v, fmt, mode))
-        hlo = fn.lower(x).compile().as_text()
-        custom_calls += sum(hlo.count(f'custom_call_target="{t}"') for t in
-                            ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize",
-                             "mxjax_fake_quantize"))
-        for key, value in fn(x).items():
-          results[f"{name}.{fmt}.{mode}.{key}"] = np.asarray(value).view(np.uint8)
+    cases = {f"{fmt}.{mode}": functools.partial(surface, fmt=fmt, mode=mode)
+             for fmt in FORMAT_NAMES for mode in SCALE_MODES}
+    cases.update({f: functools.partial(block_surface, fmt=bf) for f, bf in BLOCK_FORMATS.items()})
+    for case, run in cases.items():
+      fn = jax.jit(run)
+      hlo = fn.lower(x).compile().as_text()
+      custom_calls += sum(hlo.count(f'custom_call_target="{t}"') for t in TARGETS)
+      for key, value in fn(x).items():
+        results[f"{name}.{case}.{key}"] = np.atleast_1d(np.asarray(value)).view(np.uint8)
   np.savez(path, custom_calls=np.int64(custom_calls), **results)
 
 
