@@ -4,7 +4,6 @@ The model is built from stock `flax.nnx` layers only (Embed, LayerNorm, Einsum
 projections, MultiHeadAttention, Linear, LinearGeneral).
 """
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -12,7 +12,7 @@ from flax import nnx as fnnx
 
 import mxjax
 from mxjax import reference, state as state_lib
-from mxjax._src import context, memory
+from mxjax._src import memory
 from mxjax import linen as mxl
 from mxjax import nnx as mxnnx
 from mxjax._src.recipes import (DelayedScaling, Float8CurrentScaling, Format, MXBlockScaling,
