@@ -259,7 +259,7 @@ class _Walk:
 
   def _module(self, names: str) -> str:
     """The module path in a name stack (without the root's own scopes)."""
-    parts = products._plain_path(names).split("/") if names else []
+    parts = products.plain_path(names).split("/") if names else []
     while parts and self.strip and (parts[0] == self.strip
                                     or parts[0].startswith(self.strip + ".")):
       parts = parts[1:]  # the root's own scopes (a linen root: `Model`, `Model.method`)

@@ -106,7 +106,7 @@ def marked(op: str, lhs_shape, rhs_shape, flops: int, recipe: str | None,
     path, op, labelled, activations = _labels()[-1]
     recipe = labelled if recipe is not None and labelled is not None else recipe
   if path is None:  # e.g. an mxjax.nnx.Linear: its module path, where its scope names it
-    path = _plain_path(str(source_info_util.current_name_stack()))
+    path = plain_path(str(source_info_util.current_name_stack()))
   number = next(_IDS)
   if len(_RECORDS) >= _MAX_RECORDS:
     _RECORDS.pop(next(iter(_RECORDS)))
@@ -256,7 +256,7 @@ def _walk(jaxpr, stack: str, calls: int, inside: str | None, out: list, seen: se
         flops, op = dot_flops(lhs, rhs, eqn.params["dimension_numbers"]), dot_op(names)
       else:
         flops, op = ragged_flops(lhs, rhs), "ragged_dot"
-      path = "/".join(p for p in (prefix, _plain_path(names)) if p)
+      path = "/".join(p for p in (prefix, plain_path(names)) if p)
       out.append(Product(path, op, tuple(lhs), tuple(rhs), flops, None,
                          inside or NOT_INTERCEPTED, calls))
       continue
@@ -286,7 +286,7 @@ def ragged_flops(lhs_shape, rhs_shape) -> int:
   return 2 * math.prod(lhs_shape) * rhs_shape[-1]
 
 
-def _plain_path(names: str) -> str:
+def plain_path(names: str) -> str:
   """A name stack without transform wrappers (`jvp(...)`) and einsum equation scopes."""
   names = re.sub(r"\w+\(", "", names).replace(")", "")
   return "/".join(p for p in names.split("/") if p and "->" not in p and not _MARK.match(p))
