@@ -23,9 +23,8 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import statistics
+import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,10 @@ import ml_dtypes
 import numpy as np
 
 from mxjax._src import extension
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "benchmarks"))
+from timing import median_seconds  # noqa: E402  (benchmarks/timing.py)
 
 CPU, GPU = jax.devices("cpu")[0], jax.devices("gpu")[0]
 FORMATS = {"e4m3": (0, 8), "e5m2": (1, 8), "e3m2": (2, 6), "e2m3": (3, 6), "e2m1": (4, 4)}
@@ -286,17 +289,6 @@ def check_tensor_amax():
 # ---------------------------------------------------------------------------------------
 # Timings
 
-def median_seconds(fn, *args, reps=15, warmup=3):
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def timings(shape):
   x = jax.device_put(jax.random.normal(jax.random.key(0), shape, jnp.bfloat16), GPU)
   n = x.size
@@ -355,12 +347,12 @@ def timings(shape):
         "written / s)", flush=True)
   ref = {}
   for name, (fn, nbytes) in base.items():
-    t = median_seconds(fn)
+    t = median_seconds(fn, reps=15, warmup=3)
     ref[name] = nbytes / t
     print(f"  {name:58} {t * 1e3:8.3f} ms {nbytes / t / 1e9:8.0f} GB/s", flush=True)
   best = max(ref.values())
   for name, (fn, nbytes) in ops.items():
-    t = median_seconds(fn)
+    t = median_seconds(fn, reps=15, warmup=3)
     print(f"  {name:58} {t * 1e3:8.3f} ms {nbytes / t / 1e9:8.0f} GB/s  "
           f"{nbytes / t / best:5.2f} of the faster copy", flush=True)
 
