@@ -368,3 +368,26 @@ def test_ops_on_explicit_arrays_outside_set_mesh():
       inside = op()
     assert spec_of(outside) == spec_of(inside) == ("data", None), name
     np.testing.assert_array_equal(bits(outside), bits(inside), err_msg=name)
+
+
+@pytest.mark.parametrize("recipe", [mxjax.NVFP4BlockScaling(disable_rht=True),
+                                    mxjax.MXFP8BlockScaling(enable_2d_quantization=True)],
+                         ids=["nvfp4", "mxfp8_2d"])
+def test_two_d_weight_tiles_keep_the_result_type_of_lax_dot_general(recipe):
+  """2-D weight tiles are quantized gathered; the product's result still has the type
+  `lax.dot_general` gives it on an Explicit mesh (N sharded over 'model'), and its VJP
+  takes a cotangent of that type."""
+  mesh = make_mesh("explicit")
+  rng = np.random.default_rng(0)
+  x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((64, 64), (64, 128)))
+  dims = (((1,), (0,)), ((), ()))
+  with jax.set_mesh(mesh):
+    xs, ws = put(x, mesh, P("data", None)), put(w, mesh, P(None, "model"))
+    want = jax.typeof(jax.lax.dot_general(xs, ws, dims)).sharding.spec
+    f = lambda x, w: mxjax.dot_general(x, w, dims, recipe=recipe,  # noqa: E731
+                                       rng=jax.random.key(1))
+    y, vjp = jax.vjp(f, xs, ws)
+    dx, dw = vjp(jnp.ones_like(y))
+  assert tuple(jax.typeof(y).sharding.spec) == tuple(want) == ("data", "model")
+  assert (jax.typeof(dx).sharding.spec, jax.typeof(dw).sharding.spec) == (
+      jax.typeof(xs).sharding.spec, jax.typeof(ws).sharding.spec)

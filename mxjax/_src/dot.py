@@ -5,6 +5,7 @@ format, from its arguments or a recipe, in the canonical form `[*B, M, K] x [*B,
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -97,6 +98,10 @@ def make_config(lhs, rhs, dimension_numbers, roles: Roles, preferred_element_typ
       raise ValueError(f"mxjax.dot_general: {what} dimension sizes differ: lhs {sizes_l} "
                        f"(dims {tuple(dims_l)}) vs rhs {sizes_r} (dims {tuple(dims_r)})")
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs_info[1], rhs_info[1]))
+  if out_sharding is None and operands.typed_sharding(lhs) and operands.typed_sharding(rhs):
+    # The type `lax.dot_general` gives its result (quantized operands may be gathered).
+    out_sharding = jax.eval_shape(functools.partial(
+        jax.lax.dot_general, dimension_numbers=dimension_numbers), lhs, rhs).sharding
   return product.Config(lhs_layout, rhs_layout, roles, out_dtype, lhs_info[1], rhs_info[1],
                         operands.typed_sharding(lhs), operands.typed_sharding(rhs),
                         operands.named(out_sharding), operands.is_array(lhs),

@@ -23,7 +23,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import AxisType
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
@@ -121,16 +120,6 @@ def dequantized(tree):
   if is_mx(tree):
     return value(tree)
   return jax.tree.map(value, tree, is_leaf=is_mx)
-
-
-def _out_sharding(eqn):
-  """The sharding of a traced product's result: its `out_sharding`, else the type jax gave
-  it under Explicit mesh axes (the quantized operands may be gathered: 2-D tiles)."""
-  given = eqn.params.get("out_sharding")
-  named = eqn.outvars[0].aval.sharding
-  if given is not None or AxisType.Explicit not in getattr(named.mesh, "axis_types", ()):
-    return given
-  return named
 
 
 class _Walk:
@@ -306,7 +295,7 @@ class _Walk:
     with products.label(path, op, recipe, activations):
       return projection.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
                            where=f"product '{path}'", dimension_numbers=dims,
-                           out_sharding=_out_sharding(eqn),
+                           out_sharding=eqn.params.get("out_sharding"),
                            rng=self._key(recipe))[0]
 
   def _key(self, recipe):
