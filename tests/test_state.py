@@ -18,6 +18,7 @@ from mxjax import linen as mxl
 from mxjax._src import state as state_lib
 from mxjax._src import context, fp8
 from mxjax._src.recipes import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling
+from mx_products import count_mx_products
 
 DIMS = (((1,), (0,)), ((), ()))
 
@@ -81,6 +82,17 @@ def test_fp8_dot_gradient_is_the_next_state():
     np.testing.assert_allclose(new[role].amax_history, [amax, 0, 0, 0], rtol=1e-6)
     limit = 57344.0 if role == "grad" else 448.0
     np.testing.assert_allclose(new[role].scale, limit / amax, rtol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()],
+                         ids=["delayed", "current"])
+def test_per_tensor_fp8_runs_the_one_block_scaled_product(recipe):
+  """Per-tensor FP8 is a thin layer over mxjax's one product (its custom VJP and config),
+  not a product of its own."""
+  x, w = jnp.ones((8, 64)), jnp.ones((64, 16))
+  tensors = state_lib.init(recipe).tensors or None
+  assert count_mx_products(lambda x, w: fp8.dot_general(x, w, DIMS, recipe, tensors)[0],
+                           x, w) == 1
 
 
 def test_fp8_dot_uses_the_state_scale():

@@ -11,7 +11,8 @@ MX (E8M0 scales) is the short path: the scale is a power of two, so an element's
 rounded straight from its f32 bits; the other scales multiply in `(u, e)` form first.
 Codes are stored packed along the packed axis (the quantized axis of 1-D blocks, the last
 axis of tiles): FP8 one per byte (float8 dtypes), FP6 four in three bytes, FP4 two per
-byte, low code first.
+byte, low code first. Per-tensor FP8 (one f32 scale per tensor: DelayedScaling,
+Float8CurrentScaling) closes the module: a multiply, a clip and a cast.
 """
 
 from __future__ import annotations
@@ -308,3 +309,23 @@ def dequantize(data, scales, ts, fmt: BlockFormat, axis: int, length: int, dtype
     out = out | jnp.left_shift(jnp.right_shift(c, U32(elem.bits - 1)), U32(31))
   out = jnp.where(nan, U32(QNAN), out)
   return fb.from_f32_bits(_unblocks(out, fmt, shape, axis), dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Per-tensor FP8 (DelayedScaling, Float8CurrentScaling): one f32 scale per tensor
+
+_FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
+
+
+def quantize_per_tensor(x, scale, format: str = "e4m3") -> jax.Array:
+  """`x * scale` (f32) saturated to ±max and cast to FP8 (float8_e4m3fn / float8_e5m2)."""
+  fmt = formats.element_format(format)
+  if fmt.name not in _FP8_DTYPES:
+    raise ValueError(f"per-tensor FP8 needs e4m3 or e5m2, got {fmt.name}")
+  scaled = jnp.asarray(x).astype(jnp.float32) * jnp.asarray(scale, jnp.float32)
+  return jnp.clip(scaled, -fmt.max, fmt.max).astype(_FP8_DTYPES[fmt.name])
+
+
+def dequantize_per_tensor(q, scale, dtype=jnp.float32) -> jax.Array:
+  """`q / scale` in `dtype`."""
+  return (q.astype(jnp.float32) / jnp.asarray(scale, jnp.float32)).astype(dtype)

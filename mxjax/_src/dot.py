@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from mxjax._src import contraction, formats, operands, product, products, sharding
-from mxjax._src.roles import Roles, mx_roles
+from mxjax._src.roles import Roles, TensorRoles, mx_roles
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
@@ -74,18 +74,23 @@ def dot_general(lhs, rhs, dimension_numbers: DimensionNumbers, *, fwd_format="e4
                        recipe_name=type(recipe).__name__ if recipe is not None and not
                        isinstance(recipe, Roles) else "",
                        has_key=rng is not None)
+  return run(config, lhs, rhs, dimension_numbers, rng)
+
+
+def run(config: product.Config, lhs, rhs, dimension_numbers, rng=None, tensors=None):
+  """`product.run` of `make_config`'s config, marked for `mxjax.coverage`."""
   # shard_map: cast to varying outside the custom VJP (the cast's transpose psums).
   lhs, rhs = operands.promote_weak(lhs, rhs)
   with products.marked("dot_general", config.lhs.shape, config.rhs.shape,
                        products.dot_flops(config.lhs.shape, config.rhs.shape,
                                           dimension_numbers),
-                       roles.describe()):
-    return product.run(config, *sharding.vary_alike(lhs, rhs), rng)
+                       config.roles.describe()):
+    return product.run(config, *sharding.vary_alike(lhs, rhs), rng, tensors)
 
 
-def make_config(lhs, rhs, dimension_numbers, roles: Roles, preferred_element_type=None,
-                out_sharding=None, *, where: str = "", recipe_name: str = "",
-                has_key: bool = False) -> product.Config:
+def make_config(lhs, rhs, dimension_numbers, roles: Roles | TensorRoles,
+                preferred_element_type=None, out_sharding=None, *, where: str = "",
+                recipe_name: str = "", has_key: bool = False) -> product.Config:
   """The product's `Config` of two operands, checked (shapes, dtypes, sizes)."""
   (lc, rc), (lb, rb) = dimension_numbers
   lhs, rhs = operands.promote_weak(lhs, rhs)

@@ -24,7 +24,7 @@ def einsum(subscripts: str, *arrays, fwd_format="e4m3", bwd_format="e5m2",
            block_size: int = formats.DEFAULT_BLOCK_SIZE, scale_mode="rceil", precision=None,
            preferred_element_type=None, out_sharding=None, recipe=None, rng=None,
            name: str = "") -> jax.Array:
-  """`jnp.einsum(subscripts, a, b)` with both operands MX-quantized along what they contract.
+  """`jnp.einsum(subscripts, a, b)` with both operands block-quantized along what they contract.
 
   Args:
     subscripts: a two-operand equation as `jnp.einsum` takes it, e.g. "bqhd,bkhd->bhqk",

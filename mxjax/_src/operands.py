@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from mxjax._src import contraction, formats, sharding
 from mxjax._src.mxarray import MXArray
+from mxjax._src.roles import Roles
 
 
 def is_array(x) -> bool:
@@ -99,9 +100,12 @@ def canonical_mx(a: MXArray, layout: contraction.Layout, role: str, name: str) -
 
 def canonical(config, lhs, rhs):
   """The array operands in canonical form (MXArrays as they are), moved first under
-  Explicit axes where FSDP needs (`sharding.unshared_contraction`)."""
+  Explicit axes where FSDP needs (`sharding.unshared_contraction`; block-scaled roles:
+  per-tensor FP8 reads one copy of each operand)."""
   lhs_c = config.lhs.to_canonical(lhs) if config.lhs_array else lhs
   rhs_c = config.rhs.to_canonical(rhs) if config.rhs_array else rhs
+  if not isinstance(config.roles, Roles):
+    return lhs_c, rhs_c
   block = config.roles.x.block_size
   if config.lhs_array != config.rhs_array:  # one stored quantized operand
     if config.lhs_array:

@@ -326,12 +326,6 @@ def normalize_axis(axis: int, ndim: int) -> int:
   return int(axis) % ndim
 
 
-def _check_format(x, fmt: BlockFormat, what: str) -> None:
-  if fmt.two_d and x.ndim < 2:
-    raise ValueError(f"mxjax.{what}: {fmt} has 2-D tiles over the last two axes, which "
-                     f"need an array of rank >= 2; got shape {x.shape}")
-
-
 def _amax_local(x):
   """x's amax (or its shard's): the mxjax_tensor_amax kernel where in use, XLA elsewhere."""
 

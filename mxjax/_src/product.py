@@ -10,6 +10,11 @@ are one array), S are FP32 tensor scales (applied to the output), R is the rando
 transform along M where the roles ask for it (R^T R = I), and SR is stochastic rounding
 of the gradient from bits on the global index of g's canonical form.
 
+Per-tensor FP8 (`TensorRoles`) is the case of one block per tensor: q(x) is x times one
+f32 scale, cast to FP8 (one copy serves both products), S is that scale, and the forward
+also returns the input and kernel amaxes; DelayedScaling's state (`tensors`) gives the
+scales, and its cotangent is the next state (gradient overwrite).
+
 The forward keeps only the quantized copies the backward needs (`quantize_2x` where the
 format allows); inference quantizes and dequantizes each array operand in one pass. The
 quantizers are straight-through.
@@ -35,12 +40,13 @@ from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.sharding import NamedSharding
 
-from mxjax._src import (backend, contraction, formats, fp8_block_gemm, hadamard, operands, ops,
-                        stochastic)
+from mxjax._src import (backend, codec, contraction, formats, fp8_block_gemm, hadamard, operands,
+                        ops, stochastic)
+from mxjax._src import state as state_lib
 from mxjax._src.formats import BlockFormat, ScaleFormat
 from mxjax._src.mxarray import MXArray
 from mxjax._src.operand_dtype import cpu_operand_dtype
-from mxjax._src.roles import Roles
+from mxjax._src.roles import Roles, TensorRoles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,7 @@ class Config:
 
   lhs: contraction.Layout
   rhs: contraction.Layout
-  roles: Roles
+  roles: Roles | TensorRoles
   out_dtype: Any
   lhs_dtype: Any
   rhs_dtype: Any
@@ -71,9 +77,36 @@ class Config:
             self.lhs.sizes(self.lhs.free), self.rhs.sizes(self.rhs.free)]
 
 
-def run(config: Config, lhs, rhs, key=None) -> jax.Array:
-  """The product of `config` (operands in their own layouts; `key` for SR)."""
-  return _product(config, lhs, rhs, stochastic.seed_of(key))
+def run(config: Config, lhs, rhs, key=None, tensors=None):
+  """The product of `config` (operands in their own layouts; `key` for SR). `TensorRoles`:
+  (product, {"input", "kernel"} -> f32[] amaxes), `tensors` DelayedScaling's state."""
+  out, amaxes = _product(config, lhs, rhs, stochastic.seed_of(key), tensors)
+  return out if amaxes is None else (out, amaxes)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _PerTensor:
+  """An operand quantized with one scale (`TensorRoles`): FP8 values q = x * scale."""
+  q: jax.Array
+  scale: jax.Array  # f32[]
+
+  def values(self, dtype):
+    return self.q.astype(dtype), None  # `_dot_of` divides by both scales
+
+
+# Differentiating per-tensor FP8's product twice (jax.hessian) raises, never an all-NaN
+# result: its quantizer is jnp, differentiable.
+_once = ops.no_derivative(lambda x: x, "mxjax's per-tensor FP8 product's gradient")
+
+
+def _per_tensor(x, recipe, tensors, role: str):
+  """(`_PerTensor`, amax f32[]) of x as tensor `role` ("input", "kernel", "grad")."""
+  x = _once(x)
+  scale, amax = state_lib.step_scale(x, recipe, role, tensors and tensors[role])
+  q = codec.quantize_per_tensor(x, scale, recipe.bwd_format if role == "grad" else
+                                recipe.fwd_format)
+  return _PerTensor(q, scale), lax.stop_gradient(amax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +122,9 @@ class _OnUse:
 
 
 def _values(a, dtype):
-  """(values without the tensor scale in `dtype`, 1 / S or None) of an MXArray / `_OnUse`."""
-  if isinstance(a, _OnUse):
+  """(values without the tensor scale in `dtype`, 1 / S or None) of an MXArray, `_OnUse`
+  or `_PerTensor`."""
+  if isinstance(a, (_OnUse, _PerTensor)):
     return a.values(dtype)
   inv = None if a.tensor_scale is None else 1.0 / a.tensor_scale
   return ops.dequantize_raw(a, dtype, apply_tensor_scale=False), inv
@@ -134,13 +168,16 @@ def _prepare(x, layout: contraction.Layout, fmt: BlockFormat, name: str, for_bac
   return _both(x, fmt, layout.contract_axis, layout.free_axis, transformed)
 
 
-def _operand_dtype(*fmts: BlockFormat):
-  """The narrowest dtype holding both operands' values exactly (see the module doc)."""
-  exact_bf16 = all(f.scale is not ScaleFormat.FP32 for f in fmts)
+def _operand_dtype(*fmts: BlockFormat | None):
+  """The narrowest dtype holding both operands' values exactly (see the module doc); FP8
+  values (`_PerTensor`, format None) are bf16 values."""
+  exact_bf16 = all(f is None or f.scale is not ScaleFormat.FP32 for f in fmts)
   return jnp.dtype(jnp.bfloat16 if exact_bf16 else jnp.float32)
 
 
-def _fmt(a) -> BlockFormat:
+def _fmt(a) -> BlockFormat | None:
+  if isinstance(a, _PerTensor):
+    return None
   return a.fmt if isinstance(a, _OnUse) else a.format
 
 
@@ -153,6 +190,8 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
     def run_():
       (va, sa), (vb, sb) = _values(a, dtype), _values(b, dtype)
       out = dot(va, vb)
+      if isinstance(a, _PerTensor):  # and b
+        return out / (a.scale * b.scale)
       for s in (sa, sb):
         if s is not None:
           out = out * s
@@ -168,8 +207,9 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
   return lax.platform_dependent(**branches, default=with_operands(dtype, dot))
 
 
-def _fp8_block(fmt: BlockFormat) -> bool:
-  return (fmt.element_format.bits == 8 and fmt.block_size == fp8_block_gemm.BLOCK
+def _fp8_block(fmt: BlockFormat | None) -> bool:
+  return (fmt is not None and fmt.element_format.bits == 8
+          and fmt.block_size == fp8_block_gemm.BLOCK
           and fmt.scale in (ScaleFormat.FP32, ScaleFormat.FP32_POW2))
 
 
@@ -260,27 +300,41 @@ def _rht(config: Config):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _product(config: Config, lhs, rhs, seed):
-  return _forward(config, lhs, rhs, for_backward=False)[0]
+def _product(config: Config, lhs, rhs, seed, tensors):
+  return _forward(config, lhs, rhs, _settled(config, tensors), for_backward=False)[0]
 
 
-def _forward(config: Config, lhs, rhs, for_backward: bool):
+def _settled(config: Config, tensors):
+  """DelayedScaling's tensors (or None) as one use (`mxjax.state.settle_tensor`)."""
+  return tensors and {role: state_lib.settle_tensor(t, config.roles.recipe, role)
+                      for role, t in tensors.items()}
+
+
+def _forward(config: Config, lhs, rhs, tensors, for_backward: bool):
+  """((out, amaxes or None), (lhs along M, rhs along N) for the backward)."""
   lhs, rhs = operands.canonical(config, lhs, rhs)
   roles = config.roles
-  lhs_k, lhs_m = _prepare(lhs, config.lhs, roles.x, "lhs", for_backward, _rht(config))
-  rhs_k, rhs_n = _prepare(rhs, config.rhs, roles.w, "rhs", for_backward)
+  amaxes = None
+  if isinstance(roles, TensorRoles):  # one copy serves both products
+    (lhs_k, a_x), (rhs_k, a_w) = (_per_tensor(lhs, roles.recipe, tensors, "input"),
+                                  _per_tensor(rhs, roles.recipe, tensors, "kernel"))
+    lhs_m, rhs_n, amaxes = lhs_k, rhs_k, {"input": a_x, "kernel": a_w}
+  else:
+    lhs_k, lhs_m = _prepare(lhs, config.lhs, roles.x, "lhs", for_backward, _rht(config))
+    rhs_k, rhs_n = _prepare(rhs, config.rhs, roles.w, "rhs", for_backward)
   groups = config.out_groups
   out_sharding = contraction.merged_sharding(config.out_sharding, sum(groups, ()),
                                              [len(g) for g in groups])
   out = _dot_of(lhs_k, rhs_k, (1, 0), out_sharding)  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
   out = contraction.split_groups(out.astype(config.out_dtype), groups)
-  return _reshard(out, config.out_sharding), (lhs_m, rhs_n)
+  return (_reshard(out, config.out_sharding), amaxes), (lhs_m, rhs_n)
 
 
-def _product_fwd(config, lhs, rhs, seed):
+def _product_fwd(config, lhs, rhs, seed, tensors):
   lhs, rhs = _primal(lhs, "lhs"), _primal(rhs, "rhs")
-  out, residuals = _forward(config, lhs, rhs, for_backward=True)
-  return out, (*residuals, seed.value if isinstance(seed, CustomVJPPrimal) else seed)
+  seed, tensors = _unwrapped(seed), _settled(config, _unwrapped(tensors))
+  out, residuals = _forward(config, lhs, rhs, tensors, for_backward=True)
+  return out, (*residuals, seed, out[1], tensors)
 
 
 def _gradient_copies(config: Config, g, seed):
@@ -301,15 +355,24 @@ def _gradient_copies(config: Config, g, seed):
   return _quantized(g, fmt, -1, bits_n), _quantized(gm, fmt, -2, bits_m)
 
 
-def _product_bwd(config: Config, residuals, g):
-  """(dlhs, drhs, None); None for MXArray operands, and for both where g is zero."""
+def _product_bwd(config: Config, residuals, cotangents):
+  """(dlhs, drhs, None, next tensors or None); None for MXArray operands, and for both
+  where g is zero."""
+  g, _ = cotangents  # the amaxes are not differentiable
   if isinstance(g, SymbolicZero):
-    return None, None, None
-  lhs_m, rhs_n, seed = residuals
+    return None, None, None, None
+  lhs_m, rhs_n, seed, amaxes, tensors = residuals
   g = contraction.merge_groups(g, [len(group) for group in config.out_groups])  # [*B, M, N]
   if g.dtype not in formats.HIGH_PRECISION_DTYPES:  # a preferred_element_type of f64, fp8...
     g = g.astype(jnp.float32)
-  g_n, g_m = _gradient_copies(config, g, seed)
+  next_tensors = None
+  if isinstance(config.roles, TensorRoles):
+    g_n, a_g = _per_tensor(g, config.roles.recipe, tensors, "grad")
+    g_m = g_n
+    if tensors is not None:
+      next_tensors = _next_tensors(config.roles.recipe, tensors, {**amaxes, "grad": a_g})
+  else:
+    g_n, g_m = _gradient_copies(config, g, seed)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).
   dlhs = drhs = None
   if config.lhs_array:
@@ -320,7 +383,20 @@ def _product_bwd(config: Config, residuals, g):
     drhs = _dot_of(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding))
     drhs = _reshard(config.rhs.from_canonical(drhs).astype(config.rhs_dtype),
                     config.rhs_sharding)
-  return dlhs, drhs, None
+  return dlhs, drhs, None, next_tensors
+
+
+def _next_tensors(recipe, tensors, amaxes):
+  """DelayedScaling's next tensors: every role's amax of this step recorded."""
+  state = state_lib.RecipeState(tensors=tensors, kind=state_lib.kind_of(recipe))
+  return dict(state_lib.update(state, state_lib.batch_amaxes(amaxes, state), recipe).tensors)
+
+
+def _unwrapped(tree):
+  """`tree` without its `CustomVJPPrimal` wrappers."""
+  is_primal = lambda leaf: isinstance(leaf, CustomVJPPrimal)  # noqa: E731
+  return jax.tree.map(lambda leaf: leaf.value if is_primal(leaf) else leaf, tree,
+                      is_leaf=is_primal)
 
 
 def _primal(x, name: str):
@@ -334,7 +410,7 @@ def _primal(x, name: str):
         "operands are constants (their scales have no zero cotangent). Differentiate "
         "the high-precision array it was quantized from, or keep the MXArray out of the "
         "differentiated arguments (close over it).")
-  return jax.tree.map(lambda leaf: leaf.value, x, is_leaf=is_primal)
+  return _unwrapped(x)
 
 
 _product.defvjp(_product_fwd, _product_bwd, symbolic_zeros=True)

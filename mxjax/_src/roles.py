@@ -1,9 +1,11 @@
 """What each operand of a product `x[M, K] . w[K, N]` (input x, weight w, output gradient
-g) is quantized to: `Roles`, from `Recipe.roles()`, run by `mxjax._src.product`."""
+g) is quantized to: `Roles` (block scales, from `Recipe.roles()`) or `TensorRoles` (one
+scale per tensor), run by `mxjax._src.product`."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from mxjax._src import formats
 from mxjax._src.formats import BlockFormat
@@ -62,6 +64,21 @@ class Roles:
     if self.random_hadamard_transform:
       parts.append(f"RHT {self.hadamard_size}")
     return ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRoles:
+  """Per-tensor FP8 roles: x and w in `recipe.fwd_format`, grad in `recipe.bwd_format`,
+  each scaled by one f32 scale per tensor (`mxjax.state.step_scale`).
+
+  Attributes:
+    recipe: a DelayedScaling (scales from its state) or Float8CurrentScaling recipe.
+  """
+
+  recipe: Any
+
+  def describe(self) -> str:
+    return str(self.recipe)
 
 
 def mx_roles(fwd_format: str = "e4m3", bwd_format: str = "e5m2",

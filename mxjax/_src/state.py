@@ -246,6 +246,16 @@ def tensor_amax(x, recipe: Recipe) -> jax.Array:
   return reduce_amax(jnp.max(jnp.abs(x), initial=0).astype(jnp.float32), recipe)
 
 
+def step_scale(x, recipe: Recipe, role: str, tensor: TensorScaling | None = None):
+  """(scale, amax), f32[] each, of `x` as tensor `role`: `tensor`'s scale once it has an
+  amax recorded (DelayedScaling), else the scale of x's own amax."""
+  amax = tensor_amax(x, recipe)
+  current = scale_from_amax(amax, recipe, role)
+  if tensor is None:
+    return current, amax
+  return jnp.where(jnp.any(tensor.amax_history > 0), tensor.scale, current), amax
+
+
 def _is_state(x) -> bool:
   return isinstance(x, RecipeState)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mxjax._src import fp8
+from mxjax._src import codec
 from mxjax._src import formats as mx_formats
 from mxjax._src.quantize import fake_quantize
 
@@ -34,7 +34,7 @@ def fp8_per_tensor(w: jax.Array, fmt: str = "e4m3") -> jax.Array:
   """w [K, N] -> per-tensor FP8 quantize-dequantize of w (scale `fp8_max / amax`)."""
   amax = jnp.max(jnp.abs(w.astype(jnp.float32)))
   scale = jnp.where(amax > 0, mx_formats.element_format(fmt).max / amax, 1.0)
-  wq = fp8.dequantize_per_tensor(fp8.quantize_per_tensor(w, scale, fmt), scale, w.dtype)
+  wq = codec.dequantize_per_tensor(codec.quantize_per_tensor(w, scale, fmt), scale, w.dtype)
   return _straight_through(w, wq)
 
 
