@@ -12,6 +12,7 @@ import pytest
 import mxjax
 from mxjax import reference
 from mxjax._src import ragged
+from mx_products import count_mx_products
 
 M, K, N = 150, 64, 48
 SIZES = np.array([37, 0, 70, 20], np.int32)  # 127 rows in groups, 23 past the last one
@@ -93,6 +94,17 @@ def test_intercepted_ragged_dot_with_experts_split_over_a_mesh_equals_one_device
   assert split.sharding.spec[0] == "expert"
   for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", [mxjax.MXFP8BlockScaling(), mxjax.NVFP4BlockScaling()],
+                         ids=["mxfp8", "nvfp4"])
+def test_ragged_dot_is_the_one_block_scaled_product(recipe):
+  """ragged_dot is a thin layer over mxjax's one product (its custom VJP and config, with
+  grouped GEMMs), not a product of its own."""
+  lhs, rhs = _data()
+  fn = lambda lhs, rhs: ragged.ragged_dot(lhs, rhs, SIZES, recipe=recipe,  # noqa: E731
+                                          rng=jax.random.key(0))
+  assert count_mx_products(fn, lhs, rhs) == 1
 
 
 def test_bad_operands_are_refused():

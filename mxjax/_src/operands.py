@@ -101,10 +101,10 @@ def canonical_mx(a: MXArray, layout: contraction.Layout, role: str, name: str) -
 def canonical(config, lhs, rhs):
   """The array operands in canonical form (MXArrays as they are), moved first under
   Explicit axes where FSDP needs (`sharding.unshared_contraction`; block-scaled roles:
-  per-tensor FP8 reads one copy of each operand)."""
+  per-tensor FP8 reads one copy of each operand; grouped products are left as they are)."""
   lhs_c = config.lhs.to_canonical(lhs) if config.lhs_array else lhs
   rhs_c = config.rhs.to_canonical(rhs) if config.rhs_array else rhs
-  if not isinstance(config.roles, Roles):
+  if not isinstance(config.roles, Roles) or config.grouped is not None:
     return lhs_c, rhs_c
   block = config.roles.x.block_size
   if config.lhs_array != config.rhs_array:  # one stored quantized operand

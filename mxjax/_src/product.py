@@ -15,6 +15,9 @@ f32 scale, cast to FP8 (one copy serves both products), S is that scale, and the
 also returns the input and kernel amaxes; DelayedScaling's state (`tensors`) gives the
 scales, and its cotangent is the next state (gradient overwrite).
 
+A grouped product (`ragged_dot`: rows of x [M, K] grouped over w [G, K, N]) has its own
+three GEMMs and lays out its M-axis copies group by group (`Config.grouped`).
+
 The forward keeps only the quantized copies the backward needs (`quantize_2x` where the
 format allows); inference quantizes and dequantizes each array operand in one pass. The
 quantizers are straight-through.
@@ -69,6 +72,8 @@ class Config:
   where: str = ""  # the product's name: errors, and the RHT's signs
   recipe_name: str = ""
   has_key: bool = False
+  # ragged_dot: the GEMMs of rows grouped over matrices (`mxjax._src.ragged.GROUPED`).
+  grouped: Any = None
 
   @property
   def out_groups(self) -> list[tuple[int, ...]]:
@@ -77,10 +82,11 @@ class Config:
             self.lhs.sizes(self.lhs.free), self.rhs.sizes(self.rhs.free)]
 
 
-def run(config: Config, lhs, rhs, key=None, tensors=None):
-  """The product of `config` (operands in their own layouts; `key` for SR). `TensorRoles`:
-  (product, {"input", "kernel"} -> f32[] amaxes), `tensors` DelayedScaling's state."""
-  out, amaxes = _product(config, lhs, rhs, stochastic.seed_of(key), tensors)
+def run(config: Config, lhs, rhs, key=None, tensors=None, group_sizes=None):
+  """The product of `config` (operands in their own layouts; `key` for SR; int32[G]
+  `group_sizes` where grouped). `TensorRoles`: (product, {"input", "kernel"} -> f32[]
+  amaxes), `tensors` DelayedScaling's state."""
+  out, amaxes = _product(config, lhs, rhs, stochastic.seed_of(key), tensors, group_sizes)
   return out if amaxes is None else (out, amaxes)
 
 
@@ -181,9 +187,10 @@ def _fmt(a) -> BlockFormat | None:
   return a.fmt if isinstance(a, _OnUse) else a.format
 
 
-def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
+def _dot_of(a, b, contract: tuple[int, int], out_sharding=None, gemm=None) -> jax.Array:
   """f32 product of quantized canonical `[*B, X, Y]` operands contracting positions
-  `contract` of the last two dims, tensor scales applied."""
+  `contract` of the last two dims (or `gemm(a, b)` of their f32 values), tensor scales
+  applied."""
   dtype = _operand_dtype(_fmt(a), _fmt(b))
 
   def with_operands(dtype, dot):
@@ -198,6 +205,8 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None) -> jax.Array:
       return out
     return run_
 
+  if gemm is not None:
+    return with_operands(jnp.dtype(jnp.float32), gemm)()
   dot = functools.partial(_dot, contract=contract, out_sharding=out_sharding)
   cpu_dtype = cpu_operand_dtype() if dtype == jnp.bfloat16 else jnp.dtype(jnp.float32)
   cpu_dot = _cpu_bf16_dot(contract, out_sharding) if cpu_dtype == jnp.bfloat16 else dot
@@ -290,18 +299,39 @@ def _reshard(x: jax.Array, named: NamedSharding | None) -> jax.Array:
   return x if named is None else jax.sharding.reshard(x, named)
 
 
-def _rht(config: Config):
-  """The RHT along an axis of a canonical operand, or None where the roles have none."""
+def _along_m(config: Config, group_sizes):
+  """The transform of a canonical operand's copy along M (axis -2): its groups laid out
+  (grouped) and the RHT, or None where there is neither."""
   roles = config.roles
-  if not roles.random_hadamard_transform:
+  rht = roles.random_hadamard_transform
+  signs = rht and hadamard.rht_signs(roles.rht_seed, config.where, roles.hadamard_size)
+  if config.grouped is None:
+    return (lambda x, axis: hadamard.rht(x, axis, signs)) if rht else None
+
+  def transform(x, axis):
+    x = config.grouped.laid_out(x, group_sizes, _group_align(roles))
+    return hadamard.rht(x, axis, signs) if rht else x
+  return transform
+
+
+def _group_align(roles: Roles) -> int:
+  """Where a grouped product's groups start along M: whole blocks and Hadamard runs."""
+  return max(roles.x.block_size, roles.grad.block_size,
+             roles.hadamard_size if roles.random_hadamard_transform else 1)
+
+
+def _gemm(config: Config, which: str, group_sizes):
+  """The grouped product's `which` GEMM of f32 values, or None (dense)."""
+  if config.grouped is None:
     return None
-  signs = hadamard.rht_signs(roles.rht_seed, config.where, roles.hadamard_size)
-  return lambda x, axis: hadamard.rht(x, axis, signs)
+  return functools.partial(getattr(config.grouped, which), group_sizes=group_sizes,
+                           align=_group_align(config.roles))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _product(config: Config, lhs, rhs, seed, tensors):
-  return _forward(config, lhs, rhs, _settled(config, tensors), for_backward=False)[0]
+def _product(config: Config, lhs, rhs, seed, tensors, group_sizes):
+  return _forward(config, lhs, rhs, _settled(config, tensors), group_sizes,
+                  for_backward=False)[0]
 
 
 def _settled(config: Config, tensors):
@@ -310,7 +340,7 @@ def _settled(config: Config, tensors):
                       for role, t in tensors.items()}
 
 
-def _forward(config: Config, lhs, rhs, tensors, for_backward: bool):
+def _forward(config: Config, lhs, rhs, tensors, group_sizes, for_backward: bool):
   """((out, amaxes or None), (lhs along M, rhs along N) for the backward)."""
   lhs, rhs = operands.canonical(config, lhs, rhs)
   roles = config.roles
@@ -320,27 +350,30 @@ def _forward(config: Config, lhs, rhs, tensors, for_backward: bool):
                                   _per_tensor(rhs, roles.recipe, tensors, "kernel"))
     lhs_m, rhs_n, amaxes = lhs_k, rhs_k, {"input": a_x, "kernel": a_w}
   else:
-    lhs_k, lhs_m = _prepare(lhs, config.lhs, roles.x, "lhs", for_backward, _rht(config))
+    lhs_k, lhs_m = _prepare(lhs, config.lhs, roles.x, "lhs", for_backward,
+                            _along_m(config, group_sizes))
     rhs_k, rhs_n = _prepare(rhs, config.rhs, roles.w, "rhs", for_backward)
   groups = config.out_groups
   out_sharding = contraction.merged_sharding(config.out_sharding, sum(groups, ()),
                                              [len(g) for g in groups])
-  out = _dot_of(lhs_k, rhs_k, (1, 0), out_sharding)  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
+  out = _dot_of(lhs_k, rhs_k, (1, 0), out_sharding,  # [*B, M, K] . [*B, K, N] -> [*B, M, N]
+                _gemm(config, "forward", group_sizes))
   out = contraction.split_groups(out.astype(config.out_dtype), groups)
   return (_reshard(out, config.out_sharding), amaxes), (lhs_m, rhs_n)
 
 
-def _product_fwd(config, lhs, rhs, seed, tensors):
+def _product_fwd(config, lhs, rhs, seed, tensors, group_sizes):
   lhs, rhs = _primal(lhs, "lhs"), _primal(rhs, "rhs")
   seed, tensors = _unwrapped(seed), _settled(config, _unwrapped(tensors))
-  out, residuals = _forward(config, lhs, rhs, tensors, for_backward=True)
-  return out, (*residuals, seed, out[1], tensors)
+  group_sizes = _unwrapped(group_sizes)
+  out, residuals = _forward(config, lhs, rhs, tensors, group_sizes, for_backward=True)
+  return out, (*residuals, seed, out[1], tensors, group_sizes)
 
 
-def _gradient_copies(config: Config, g, seed):
+def _gradient_copies(config: Config, g, seed, group_sizes):
   """(q(g, N), q(R g, M)) of the canonical gradient [*B, M, N]."""
   roles = config.roles
-  fmt, transform = roles.grad, _rht(config)
+  fmt, transform = roles.grad, _along_m(config, group_sizes)
   if not roles.stochastic_rounding:
     return _both(g, fmt, -1, -2, None if transform is None else transform(g, -2))
   if not config.has_key:
@@ -356,12 +389,12 @@ def _gradient_copies(config: Config, g, seed):
 
 
 def _product_bwd(config: Config, residuals, cotangents):
-  """(dlhs, drhs, None, next tensors or None); None for MXArray operands, and for both
-  where g is zero."""
+  """(dlhs, drhs, None, next tensors or None, None); None for MXArray operands, and for
+  both where g is zero."""
   g, _ = cotangents  # the amaxes are not differentiable
   if isinstance(g, SymbolicZero):
-    return None, None, None, None
-  lhs_m, rhs_n, seed, amaxes, tensors = residuals
+    return None, None, None, None, None
+  lhs_m, rhs_n, seed, amaxes, tensors, group_sizes = residuals
   g = contraction.merge_groups(g, [len(group) for group in config.out_groups])  # [*B, M, N]
   if g.dtype not in formats.HIGH_PRECISION_DTYPES:  # a preferred_element_type of f64, fp8...
     g = g.astype(jnp.float32)
@@ -372,18 +405,20 @@ def _product_bwd(config: Config, residuals, cotangents):
     if tensors is not None:
       next_tensors = _next_tensors(config.roles.recipe, tensors, {**amaxes, "grad": a_g})
   else:
-    g_n, g_m = _gradient_copies(config, g, seed)
+    g_n, g_m = _gradient_copies(config, g, seed, group_sizes)
   # Each cotangent gets its primal's type (sharded as the primal under Explicit axes).
   dlhs = drhs = None
   if config.lhs_array:
-    dlhs = _dot_of(g_n, rhs_n, (1, 1), config.lhs.canonical_sharding(config.lhs_sharding))
+    dlhs = _dot_of(g_n, rhs_n, (1, 1), config.lhs.canonical_sharding(config.lhs_sharding),
+                   _gemm(config, "dgrad", group_sizes))
     dlhs = _reshard(config.lhs.from_canonical(dlhs).astype(config.lhs_dtype),
                     config.lhs_sharding)
   if config.rhs_array:
-    drhs = _dot_of(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding))
+    drhs = _dot_of(lhs_m, g_m, (0, 0), config.rhs.canonical_sharding(config.rhs_sharding),
+                   _gemm(config, "wgrad", group_sizes))
     drhs = _reshard(config.rhs.from_canonical(drhs).astype(config.rhs_dtype),
                     config.rhs_sharding)
-  return dlhs, drhs, None, next_tensors
+  return dlhs, drhs, None, next_tensors, None
 
 
 def _next_tensors(recipe, tensors, amaxes):

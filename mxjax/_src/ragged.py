@@ -1,5 +1,5 @@
 """Block-scaled grouped GEMM for mixture-of-experts: `ragged_dot(lhs [M, K], rhs [G, K, N],
-group_sizes)` under roles (`mxjax._src.roles`), for every format.
+group_sizes)`, the one product (`mxjax._src.product`) with grouped GEMMs, for every format.
 
 Rows `lhs[start_g : start_g + group_sizes[g]]` meet expert `rhs[g]` (as `lax.ragged_dot`;
 rows past the last group give zeros); each product quantizes along its contraction:
@@ -16,33 +16,17 @@ Operands are dequantized to f32 and the products accumulate in f32.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mxjax._src import formats, hadamard, ops, products, stochastic
+from mxjax._src import contraction, formats, ops, product, products
 from mxjax._src.dot import roles_of
-from mxjax._src.formats import BlockFormat
 from mxjax._src.roles import Roles
 
 _RAGGED_CONTRACTING = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,),
     rhs_group_dimensions=())
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-  roles: Roles
-  out_dtype: Any
-  lhs_dtype: Any
-  rhs_dtype: Any
-  where: str = ""
-  recipe_name: str = ""
-  has_key: bool = False
 
 
 def standard_form(dimension_numbers, lhs_ndim: int, rhs_ndim: int) -> bool:
@@ -96,19 +80,27 @@ def ragged_dot(lhs, rhs, group_sizes, *, fwd_format="e4m3", bwd_format="e5m2",
   roles = roles_of(fwd_format, bwd_format, block_size, scale_mode, recipe)
   if (why := unsupported(roles)) is not None:
     raise ValueError(f"mxjax.ragged_dot: {why}")
-  out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-  config = _Config(roles, out_dtype, jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype), name,
-                   type(recipe).__name__ if recipe is not None else "", rng is not None)
+  config = product.Config(
+      contraction.layout(lhs.shape, (1,), (), "lhs", contract_first=False),
+      contraction.layout(rhs.shape, (1,), (0,), "rhs", contract_first=True), roles,
+      jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs)), jnp.dtype(lhs.dtype),
+      jnp.dtype(rhs.dtype), where=name, has_key=rng is not None, grouped=GROUPED,
+      recipe_name=type(recipe).__name__ if recipe is not None else "")
   flops = products.ragged_flops(lhs.shape, rhs.shape)
   with products.marked("ragged_dot", lhs.shape, rhs.shape, flops, roles.describe()):
-    return _ragged(config, lhs, rhs, group_sizes.astype(jnp.int32), stochastic.seed_of(rng))
+    return product.run(config, lhs, rhs, rng, group_sizes=group_sizes.astype(jnp.int32))
+
+
+def padded_sizes(group_sizes, align: int) -> jax.Array:
+  """Each group's rows rounded up to a multiple of `align`."""
+  return (group_sizes + align - 1) // align * align
 
 
 def group_layout(m: int, group_sizes, align: int):
   """(destination row of each of m rows, padded group sizes [G], buffer length) of groups
   laid out consecutively, each starting at a multiple of `align`."""
   sizes = jnp.concatenate([group_sizes, (m - jnp.sum(group_sizes))[None]]).astype(jnp.int32)
-  padded = (sizes + align - 1) // align * align
+  padded = padded_sizes(sizes, align)
   starts, padded_starts = jnp.cumsum(sizes) - sizes, jnp.cumsum(padded) - padded
   rows = jnp.arange(m, dtype=jnp.int32)
   group = jnp.searchsorted(jnp.cumsum(sizes), rows, side="right")
@@ -120,73 +112,39 @@ def group_fake_quantize(x, format, group_sizes, *, block_size: int, scale_mode) 
   """x [M, C] quantized and dequantized (f32) along M in MX blocks that restart at each
   group's first row (rows past the last group form one more group)."""
   fmt = formats.as_block_format(format, block_size, scale_mode)
-  dest, _, length = group_layout(x.shape[0], group_sizes, fmt.block_size)
-  laid_out = jnp.zeros((length, x.shape[1]), x.dtype).at[dest].set(x)
-  return ops.values(laid_out, fmt, 0, jnp.float32)[0][dest]
+  dest = group_layout(x.shape[0], group_sizes, fmt.block_size)[0]
+  return ops.values(_Grouped.laid_out(x, group_sizes, fmt.block_size), fmt, 0,
+                    jnp.float32)[0][dest]
 
 
-def _scaled(out, *factors):
-  for f in factors:
-    if f is not None:
-      out = out * f
-  return out
+class _Grouped:
+  """The grouped product's GEMMs of f32 values (`product.Config.grouped`) and its layout
+  of the M-axis copies; `group_sizes` int32[G], `align` where groups start."""
+
+  @staticmethod
+  def laid_out(x, group_sizes, align: int):
+    """x [M, C] with its groups at multiples of `align` in a zero buffer [L, C]."""
+    dest, _, length = group_layout(x.shape[0], group_sizes, align)
+    return jnp.zeros((length, x.shape[1]), x.dtype).at[dest].set(x)
+
+  @staticmethod
+  def forward(x, w, *, group_sizes, align):
+    """x [M, K] . w [G, K, N] -> [M, N]."""
+    del align
+    return lax.ragged_dot(x, w, group_sizes, precision=lax.Precision.HIGHEST,
+                          preferred_element_type=jnp.float32)
+
+  @staticmethod
+  def dgrad(g, w, *, group_sizes, align):
+    """g [M, N] . w [G, K, N]^T -> [M, K]."""
+    return _Grouped.forward(g, jnp.swapaxes(w, 1, 2), group_sizes=group_sizes, align=align)
+
+  @staticmethod
+  def wgrad(x, g, *, group_sizes, align):
+    """laid-out x [L, K]^T . laid-out g [L, N], group by group -> [G, K, N]."""
+    return lax.ragged_dot_general(x, g, padded_sizes(group_sizes, align), _RAGGED_CONTRACTING,
+                                  precision=lax.Precision.HIGHEST,
+                                  preferred_element_type=jnp.float32)
 
 
-def _values(x, fmt: BlockFormat, axis: int, rand=None):
-  return ops.values(x, fmt, axis % x.ndim, jnp.float32, rand)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ragged(config: _Config, lhs, rhs, group_sizes, seed):
-  return _forward(config, lhs, rhs, group_sizes)
-
-
-def _forward(config, lhs, rhs, group_sizes):
-  (x, sx), (w, sw) = _values(lhs, config.roles.x, 1), _values(rhs, config.roles.w, 1)
-  out = lax.ragged_dot(x, w, group_sizes, precision=lax.Precision.HIGHEST,
-                       preferred_element_type=jnp.float32)
-  return _scaled(out, sx, sw).astype(config.out_dtype)
-
-
-def _ragged_fwd(config, lhs, rhs, group_sizes, seed):
-  return _forward(config, lhs, rhs, group_sizes), (lhs, rhs, group_sizes, seed)
-
-
-def _ragged_bwd(config: _Config, residuals, g):
-  lhs, rhs, group_sizes, seed = residuals
-  roles = config.roles
-  if g.dtype not in formats.HIGH_PRECISION_DTYPES:
-    g = g.astype(jnp.float32)
-  sr = roles.stochastic_rounding
-  if sr and not config.has_key:
-    raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.ragged_dot",
-                                                   recipe=config.recipe_name or roles))
-  bits = (lambda i, shape: stochastic.random_bits(stochastic.stream(seed, i), shape)) if sr \
-      else (lambda i, shape: None)
-  # dgrad: contract N.
-  (gq, sg), (wq, sw) = _values(g, roles.grad, 1, bits(0, g.shape)), _values(rhs, roles.w, 2)
-  dlhs = lax.ragged_dot(gq, jnp.swapaxes(wq, 1, 2), group_sizes,
-                        precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  dlhs = _scaled(dlhs, sg, sw)
-  # wgrad: contract M within each group, on the groups laid out in zero buffers.
-  align = max(roles.x.block_size, roles.grad.block_size,
-              roles.hadamard_size if roles.random_hadamard_transform else 1)
-  dest, padded_sizes, length = group_layout(lhs.shape[0], group_sizes, align)
-
-  def laid_out(a):
-    a = jnp.zeros((length, a.shape[1]), a.dtype).at[dest].set(a)
-    if roles.random_hadamard_transform:
-      signs = hadamard.rht_signs(roles.rht_seed, config.where, roles.hadamard_size)
-      a = hadamard.rht(a, 0, signs)
-    return a
-
-  xm, gm = laid_out(lhs), laid_out(g)
-  (xq, sx), (gq2, sg2) = _values(xm, roles.x, 0), _values(gm, roles.grad, 0, bits(1, gm.shape))
-  drhs = lax.ragged_dot_general(xq, gq2, padded_sizes, _RAGGED_CONTRACTING,
-                                precision=lax.Precision.HIGHEST,
-                                preferred_element_type=jnp.float32)
-  drhs = _scaled(drhs, sx, sg2)
-  return dlhs.astype(config.lhs_dtype), drhs.astype(config.rhs_dtype), None, None
-
-
-_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+GROUPED = _Grouped()
