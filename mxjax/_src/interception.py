@@ -294,9 +294,9 @@ class _Walk:
         return self._bind(eqn, invals)
     with products.label(path, op, recipe, activations):
       return projection.project(lhs, rhs, recipe, state_lib.init(recipe), dtype=out_dtype,
-                           where=f"product '{path}'", dimension_numbers=dims,
-                           out_sharding=eqn.params.get("out_sharding"),
-                           rng=self._key(recipe))[0]
+                                where=f"product '{path}'", dimension_numbers=dims,
+                                out_sharding=eqn.params.get("out_sharding"),
+                                rng=self._key(recipe))[0]
 
   def _key(self, recipe):
     """The SR key of one product: the call's key folded with its number, or None."""
