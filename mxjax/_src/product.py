@@ -293,8 +293,7 @@ def _gradient_copies(config: Config, g, seed):
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.dot_general",
                                                    recipe=config.recipe_name or roles))
   gm = g if transform is None else transform(g, -2)
-  bits_n = stochastic.random_bits(stochastic.stream(seed, 0), g.shape)
-  bits_m = stochastic.random_bits(stochastic.stream(seed, 1), gm.shape)
+  bits_n, bits_m = stochastic.bits_like(seed, 0, g), stochastic.bits_like(seed, 1, gm)
   if fmt.two_d:  # one quantization serves both products
     a = _quantized(g, fmt, -1, bits_n)
     return a, (a if transform is None else _quantized(gm, fmt, -1, bits_m))

@@ -161,10 +161,9 @@ def _ragged_bwd(config: _Config, residuals, g):
   if sr and not config.has_key:
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.ragged_dot",
                                                    recipe=config.recipe_name or roles))
-  bits = (lambda i, shape: stochastic.random_bits(stochastic.stream(seed, i), shape)) if sr \
-      else (lambda i, shape: None)
+  bits = (lambda i, x: stochastic.bits_like(seed, i, x)) if sr else (lambda i, x: None)
   # dgrad: contract N.
-  (gq, sg), (wq, sw) = _values(g, roles.grad, 1, bits(0, g.shape)), _values(rhs, roles.w, 2)
+  (gq, sg), (wq, sw) = _values(g, roles.grad, 1, bits(0, g)), _values(rhs, roles.w, 2)
   dlhs = lax.ragged_dot(gq, jnp.swapaxes(wq, 1, 2), group_sizes,
                         precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
   dlhs = _scaled(dlhs, sg, sw)
@@ -181,7 +180,7 @@ def _ragged_bwd(config: _Config, residuals, g):
     return a
 
   xm, gm = laid_out(lhs), laid_out(g)
-  (xq, sx), (gq2, sg2) = _values(xm, roles.x, 0), _values(gm, roles.grad, 0, bits(1, gm.shape))
+  (xq, sx), (gq2, sg2) = _values(xm, roles.x, 0), _values(gm, roles.grad, 0, bits(1, gm))
   drhs = lax.ragged_dot_general(xq, gq2, padded_sizes, _RAGGED_CONTRACTING,
                                 precision=lax.Precision.HIGHEST,
                                 preferred_element_type=jnp.float32)

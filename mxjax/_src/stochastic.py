@@ -38,6 +38,15 @@ def random_bits(seed, shape) -> jax.Array:
   return _mix(_mix(idx * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
 
 
+def bits_like(seed, i: int, x) -> jax.Array:
+  """`random_bits` of stream `i` of `seed` for x's shape (uint32), computed from x's
+  elements (xor a 0 that XLA cannot fold: NaN and not NaN), so that XLA schedules them
+  once x exists: unordered, it hoists every product's bits to the start of the program
+  and keeps them all live (4 bytes an element) until their backward."""
+  zero = ((x != x) & (x == x)).astype(_U32)
+  return random_bits(stream(seed, i), x.shape) ^ zero
+
+
 def seed_of(key) -> jax.Array:
   """uint32[2] from a JAX key (typed or raw); zeros for None."""
   if key is None:
