@@ -169,6 +169,33 @@ def test_rht_cancels_along_the_contraction():
   assert (h @ h.T == 16 * np.eye(16)).all()
 
 
+@pytest.mark.parametrize("fmt", [bfmt.NVFP4, bfmt.mx("e4m3", 16)], ids=["nvfp4", "mxfp8_16"])
+@pytest.mark.parametrize("sr", [False, True], ids=["nearest", "sr"])
+def test_rht_quantized_from_the_transform_rows_equals_quantizing_the_moved_rows(fmt, sr):
+  """The product's q(R x, M) quantizes the transform's rows along their last axis and
+  moves the packed codes and scales into place: the bytes, scales, tensor scale and SR
+  bits of quantizing `rht(x)` along M (batch dims, M padded from 40 to 48, bf16 and f32)."""
+  from mxjax._src import ops, product
+
+  signs = hadamard.rht_signs(1, "layer", 16)
+  seed = jnp.asarray([3, 4], jnp.uint32) if sr else None
+  rng = np.random.default_rng(2)
+  for shape, dtype in (((40, 24), jnp.float32), ((2, 64, 40), jnp.bfloat16)):
+    x = jnp.asarray(rng.standard_normal(shape) * np.exp2(rng.integers(-6, 6, shape)), dtype)
+
+    def moved(x):
+      y = hadamard.rht(x, -2, signs)
+      bits = stochastic.random_bits(stochastic.stream(seed, 1), y.shape) if sr else None
+      return ops.quantize_raw(y, fmt, y.ndim - 2, bits)
+
+    got = jax.jit(lambda x: product._rht_quantized(x, fmt, seed, signs=signs))(x)
+    want = jax.jit(moved)(x)
+    assert got.length == -(-shape[-2] // 16) * 16
+    for a, b in zip((got.data, got.scales, got.tensor_scale), want):
+      if b is not None:
+        np.testing.assert_array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(b).view(np.uint8))
+
+
 def test_rht_reduces_error_of_a_heavy_tailed_operand():
   """Outliers along M: the quantized wgrad product's error drops with the transform."""
   rng = np.random.default_rng(1)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,3 +248,34 @@ def test_mx_roles_agree_with_the_mx_dot():
   y1, dx1, y2, dx2 = both(x, w, g)
   np.testing.assert_array_equal(y1, y2)
   np.testing.assert_array_equal(dx1, dx2)
+
+
+@pytest.mark.parametrize("recipe", [NVFP4BlockScaling(disable_rht=True),
+                                    MXFP4BlockScaling(stochastic_rounding=True)],
+                         ids=["nvfp4", "mxfp4_sr"])
+def test_stochastic_rounding_bits_are_made_where_their_product_needs_them(recipe):
+  """A stack of products: each backward's random bits (4 bytes a gradient element, two
+  copies) are made when its gradient is, so one buffer serves every layer's; the
+  program's temp memory grows with depth as without stochastic rounding. (XLA hoisted
+  bits that depend on the key alone to the start and kept every layer's live.)"""
+  m = n = 256
+  bits_per_layer = 2 * 4 * m * n
+
+  def temp_bytes(recipe, layers: int) -> int:
+    def loss(ws, x, key):  # a key per layer, as Flax's rng streams give
+      for i, w in enumerate(ws):
+        x = jax.nn.gelu(mxjax.dot_general(x, w, DIMS, recipe=recipe,
+                                          rng=jax.random.fold_in(key, i)))
+      return x.astype(jnp.float32).sum()
+
+    ws = [jnp.ones((n, n), jnp.bfloat16)] * layers
+    compiled = jax.jit(jax.grad(loss)).lower(ws, jnp.ones((m, n), jnp.bfloat16),
+                                             jax.random.key(0)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  off = ({"disable_stochastic_rounding": True} if isinstance(recipe, NVFP4BlockScaling)
+         else {"stochastic_rounding": False})
+  nearest = dataclasses.replace(recipe, **off)
+  growth = temp_bytes(recipe, 6) - temp_bytes(recipe, 2)
+  growth_nearest = temp_bytes(nearest, 6) - temp_bytes(nearest, 2)
+  assert growth - growth_nearest < bits_per_layer, (growth, growth_nearest)

@@ -30,9 +30,9 @@ def rht_signs(seed: int, name: str, n: int) -> np.ndarray:
   return np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32)
 
 
-def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
-  """`x` (f32) with each run of n = len(signs) elements along `axis` times
-  `H diag(signs) / sqrt(n)`; the axis is zero padded to a multiple of n (kept)."""
+def rht_rows(x, axis: int, signs: np.ndarray) -> jax.Array:
+  """f32 `x` with `axis` (zero padded to a multiple of n = len(signs)) split into runs of
+  n, each run times `H diag(signs) / sqrt(n)` and laid out last: [..., runs, ..., n]."""
   n = len(signs)
   axis = axis % x.ndim
   x = x.astype(jnp.float32)
@@ -44,6 +44,11 @@ def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
   length = -(-x.shape[axis] // n) * n
   blocks = split_axis(pad_axis(x, axis, length), axis, n)
   mat = jnp.asarray(hadamard(n) * signs[None, :] / np.sqrt(np.float32(n)), jnp.float32)
-  out = jnp.moveaxis(jnp.tensordot(blocks, mat, axes=([axis + 1], [1]),
-                                   precision=lax.Precision.HIGHEST), -1, axis + 1)
-  return merge_axis(out, axis)
+  return jnp.tensordot(blocks, mat, axes=([axis + 1], [1]), precision=lax.Precision.HIGHEST)
+
+
+def rht(x, axis: int, signs: np.ndarray) -> jax.Array:
+  """`x` (f32) with each run of n = len(signs) elements along `axis` times
+  `H diag(signs) / sqrt(n)`; the axis is zero padded to a multiple of n (kept)."""
+  axis = axis % x.ndim
+  return merge_axis(jnp.moveaxis(rht_rows(x, axis, signs), -1, axis + 1), axis)

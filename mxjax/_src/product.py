@@ -142,25 +142,28 @@ def _quantized(x, fmt: BlockFormat, axis: int, rand=None) -> MXArray:
   return ops.as_mxarray(*ops.quantize_raw(x, fmt, axis, rand), fmt, axis, x)
 
 
-def _both(x, fmt: BlockFormat, along: int, other: int, transformed=None):
-  """(q(x, along), q(x', other)) of a canonical array; x' = `transformed` (RHT) or x."""
-  if fmt.two_d and transformed is None:
+def _both(x, fmt: BlockFormat, along: int, other: int, rotated=None):
+  """(q(x, along), q(x, other)) of a canonical array; the second is `rotated` (q(R x),
+  an MXArray) where given."""
+  if rotated is not None:
+    return _quantized(x, fmt, along), rotated
+  if fmt.two_d:
     a = _quantized(x, fmt, -1)
     return a, a
-  if transformed is None and (along, other) in ((-1, -2), (-2, -1)):
+  if (along, other) in ((-1, -2), (-2, -1)):
     ts = ops.tensor_scale(x, fmt)
     rd, rs, cd, cs = ops.quantize_2x_raw(x, fmt, ts)
     rows = ops.as_mxarray(rd, rs, ts, fmt, x.ndim - 1, x)
     cols = ops.as_mxarray(cd, cs, ts, fmt, x.ndim - 2, x)
     return (rows, cols) if along == -1 else (cols, rows)
-  return _quantized(x, fmt, along), _quantized(x if transformed is None else transformed,
-                                                fmt, other)
+  return _quantized(x, fmt, along), _quantized(x, fmt, other)
 
 
 def _prepare(x, layout: contraction.Layout, fmt: BlockFormat, name: str, for_backward: bool,
-             transform=None):
+             rotate=None):
   """(along K, along the free axis or None) in canonical form, from a canonical array or
-  MXArrays as given; an `_OnUse` for arrays in inference. `transform`: the free copy's RHT."""
+  MXArrays as given; an `_OnUse` for arrays in inference. `rotate`: the free copy's RHT
+  and quantizer (`_along_m`)."""
   if isinstance(x, tuple):
     return (operands.canonical_mx(x[0], layout, "contract", name),
             operands.canonical_mx(x[1], layout, "free", name))
@@ -170,8 +173,8 @@ def _prepare(x, layout: contraction.Layout, fmt: BlockFormat, name: str, for_bac
     return along_k, along_k  # the backward uses its exact values, never re-quantized
   if not for_backward:
     return _OnUse(x, fmt, layout.contract_axis), None
-  transformed = None if transform is None else transform(x, layout.free_axis)
-  return _both(x, fmt, layout.contract_axis, layout.free_axis, transformed)
+  return _both(x, fmt, layout.contract_axis, layout.free_axis,
+               None if rotate is None else rotate(x, fmt))
 
 
 def _operand_dtype(*fmts: BlockFormat | None):
@@ -300,18 +303,23 @@ def _reshard(x: jax.Array, named: NamedSharding | None) -> jax.Array:
 
 
 def _along_m(config: Config, group_sizes):
-  """The transform of a canonical operand's copy along M (axis -2): its groups laid out
-  (grouped) and the RHT, or None where there is neither."""
+  """q(T x, M) of a canonical [*B, M, N] array, `(x, fmt, seed=None) -> MXArray` (SR
+  from stream 1 of `seed` where given), T its groups laid out (grouped) and the RHT; None
+  where there is neither."""
   roles = config.roles
-  rht = roles.random_hadamard_transform
-  signs = rht and hadamard.rht_signs(roles.rht_seed, config.where, roles.hadamard_size)
+  rotate = None
+  if roles.random_hadamard_transform:
+    signs = hadamard.rht_signs(roles.rht_seed, config.where, roles.hadamard_size)
+    rotate = functools.partial(_rht_quantized, signs=signs)
   if config.grouped is None:
-    return (lambda x, axis: hadamard.rht(x, axis, signs)) if rht else None
+    return rotate
+  rotate, align = rotate or _quantized_along_m, _group_align(roles)
+  return lambda x, fmt, seed=None: rotate(config.grouped.laid_out(x, group_sizes, align),
+                                          fmt, seed)
 
-  def transform(x, axis):
-    x = config.grouped.laid_out(x, group_sizes, _group_align(roles))
-    return hadamard.rht(x, axis, signs) if rht else x
-  return transform
+
+def _quantized_along_m(x, fmt: BlockFormat, seed=None) -> MXArray:
+  return _quantized(x, fmt, -2, None if seed is None else stochastic.bits_like(seed, 1, x))
 
 
 def _group_align(roles: Roles) -> int:
@@ -326,6 +334,31 @@ def _gemm(config: Config, which: str, group_sizes):
     return None
   return functools.partial(getattr(config.grouped, which), group_sizes=group_sizes,
                            align=_group_align(config.roles))
+
+
+def _rht_quantized(x, fmt: BlockFormat, seed=None, *, signs) -> MXArray:
+  """q(R x, M) of a canonical [*B, M, N] array, M zero padded to a multiple of n =
+  len(signs). Where 1-D blocks tile a run of n, the transform's rows [*B, M/n, N, n] are
+  quantized along their last axis (the same blocks, the same bits) and the small packed
+  codes and scales moved into place, instead of the f32 rows."""
+  n = len(signs)
+  if fmt.two_d or n % fmt.block_size or n % fmt.element_format.codes_per_group:
+    y = hadamard.rht(x, -2, signs)
+    return _quantized(y, fmt, -2, None if seed is None else stochastic.bits_like(seed, 1, y))
+  rows = hadamard.rht_rows(x, -2, signs)
+  *batch, runs, cols, _ = rows.shape
+  flat = rows.reshape(*batch, runs, cols * n)
+  rand = None
+  if seed is not None:  # element (m, c) of R x sits at [m // n, c * n + m % n] of flat
+    index = stochastic.row_major_index((*batch, runs, n, cols))
+    rand = stochastic.bits_like(seed, 1, flat, jnp.swapaxes(index, -1, -2).reshape(flat.shape))
+  data, scales, ts = ops.quantize_raw(flat, fmt, flat.ndim - 1, rand)
+
+  def along_m(a):  # [*B, M/n, N * k] -> [*B, M/n * k, N]
+    return jnp.swapaxes(a.reshape(*batch, runs, cols, -1), -1, -2).reshape(*batch, -1, cols)
+
+  return MXArray(data=along_m(data), scales=along_m(scales), tensor_scale=ts, format=fmt,
+                 axis_from_end=-2, length=runs * n, dtype=jnp.dtype(jnp.float32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -373,19 +406,18 @@ def _product_fwd(config, lhs, rhs, seed, tensors, group_sizes):
 def _gradient_copies(config: Config, g, seed, group_sizes):
   """(q(g, N), q(R g, M)) of the canonical gradient [*B, M, N]."""
   roles = config.roles
-  fmt, transform = roles.grad, _along_m(config, group_sizes)
+  fmt, rotate = roles.grad, _along_m(config, group_sizes)
   if not roles.stochastic_rounding:
-    return _both(g, fmt, -1, -2, None if transform is None else transform(g, -2))
+    return _both(g, fmt, -1, -2, None if rotate is None else rotate(g, fmt))
   if not config.has_key:
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.dot_general",
                                                    recipe=config.recipe_name or roles))
-  gm = g if transform is None else transform(g, -2)
-  bits_n = stochastic.random_bits(stochastic.stream(seed, 0), g.shape)
-  bits_m = stochastic.random_bits(stochastic.stream(seed, 1), gm.shape)
+  g_n = _quantized(g, fmt, -1, stochastic.bits_like(seed, 0, g))
+  if rotate is not None:
+    return g_n, rotate(g, fmt, seed)
   if fmt.two_d:  # one quantization serves both products
-    a = _quantized(g, fmt, -1, bits_n)
-    return a, (a if transform is None else _quantized(gm, fmt, -1, bits_m))
-  return _quantized(g, fmt, -1, bits_n), _quantized(gm, fmt, -2, bits_m)
+    return g_n, g_n
+  return g_n, _quantized(g, fmt, -2, stochastic.bits_like(seed, 1, g))
 
 
 def _product_bwd(config: Config, residuals, cotangents):

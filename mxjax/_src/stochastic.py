@@ -26,16 +26,32 @@ def _mix(h):
   return h ^ jnp.right_shift(h, _U32(16))
 
 
-def random_bits(seed, shape) -> jax.Array:
-  """uint32 bits of `shape`: `mix(mix(index * golden ^ seed[0]) ^ seed[1])` of the global
-  row-major index (wrapping at 2**32); `seed` is uint32[2]."""
-  seed = jnp.asarray(seed).astype(_U32).reshape(-1)
+def row_major_index(shape) -> jax.Array:
+  """uint32 of `shape`: each element's row-major index (wrapping at 2**32)."""
   idx = jnp.zeros(shape, _U32)
   stride = 1
   for d in reversed(range(len(shape))):
     idx = idx + lax.broadcasted_iota(_U32, shape, d) * _U32(stride % 2 ** 32)
     stride *= shape[d]
+  return idx
+
+
+def random_bits(seed, shape, index=None) -> jax.Array:
+  """uint32 bits of `shape`: `mix(mix(index * golden ^ seed[0]) ^ seed[1])` of each
+  element's global index, `row_major_index(shape)` unless given (`index`: uint32 of
+  `shape`, for an array laid out otherwise); `seed` is uint32[2]."""
+  seed = jnp.asarray(seed).astype(_U32).reshape(-1)
+  idx = row_major_index(shape) if index is None else index
   return _mix(_mix(idx * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
+
+
+def bits_like(seed, i: int, x, index=None) -> jax.Array:
+  """`random_bits` of stream `i` of `seed` for x's shape (uint32), computed from x's
+  elements (xor a 0 that XLA cannot fold: NaN and not NaN), so that XLA schedules them
+  once x exists: unordered, it hoists every product's bits to the start of the program
+  and keeps them all live (4 bytes an element) until their backward."""
+  zero = ((x != x) & (x == x)).astype(_U32)
+  return random_bits(stream(seed, i), x.shape, index) ^ zero
 
 
 def seed_of(key) -> jax.Array:
