@@ -151,6 +151,14 @@ ffi::Error launch_block_quantize(cudaStream_t stream, const BlockView& v,
   }
   return ffi::Error::Success();
 }
+
+// launch_block_quantize<F, In, false, false> (nearest even) for a format id and x's dtype
+// (bf16 / f16 / f32). Defined in block_quantize.cu, whose kernels it launches: the
+// instantiations it needs are among those block_quantize.cu compiles anyway, so
+// quantize_2x's two-launch path compiles no second copy of them.
+ffi::Error launch_block_quantize_rn(cudaStream_t stream, int32_t format, ffi::DataType dtype,
+                                    const BlockView& v, const void* x, const uint32_t* ts,
+                                    uint8_t* codes, void* scales);
 #endif
 
 }  // namespace mxjax::cuda

@@ -53,6 +53,20 @@ ffi::Error BlockQuantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer r
 }
 
 }  // namespace
+
+ffi::Error launch_block_quantize_rn(cudaStream_t stream, int32_t format, ffi::DataType dtype,
+                                    const BlockView& v, const void* x, const uint32_t* ts,
+                                    uint8_t* codes, void* scales) {
+  ffi::Error err = ffi::Error::Success();
+  dispatch(format, dtype, [&](auto f, auto in) {
+    using F = decltype(f);
+    using In = decltype(in);
+    err = launch_block_quantize<F, In, false, false>(
+        stream, v, static_cast<const typename In::T*>(x), nullptr, ts, codes, scales, nullptr);
+  });
+  return err;
+}
+
 }  // namespace mxjax::cuda
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantizeCuda, mxjax::cuda::BlockQuantize,

@@ -3,7 +3,7 @@
 // tensor_scale -> row codes (packed along K) and scales (1 x b blocks along K), column codes
 // (packed along M) and scales (b x 1 blocks along M), b dividing 512, nearest even. For
 // 16 <= b <= 128 one kernel reads x once (block_panels.cuh, kRows); otherwise the rows and
-// the columns are two launches.
+// the columns are two launches (of block_quantize.cu's kernels: launch_block_quantize_rn).
 #include "cuda/block_handlers.h"
 #include "cuda/block_launch.cuh"
 
@@ -64,11 +64,11 @@ ffi::Error BlockQuantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
           <<<grid_of(cdiv(a.panels, a.p)), a.threads(), 0, stream>>>(a);
       return;
     }
-    err = launch_block_quantize<F, In, false, false>(stream, row, xp, nullptr, t, rc,
-                                                     row_scales->untyped_data(), nullptr);
+    err = launch_block_quantize_rn(stream, format, x.element_type(), row, xp, t, rc,
+                                   row_scales->untyped_data());
     if (err.success()) {
-      err = launch_block_quantize<F, In, false, false>(stream, col, xp, nullptr, t, cc,
-                                                       col_scales->untyped_data(), nullptr);
+      err = launch_block_quantize_rn(stream, format, x.element_type(), col, xp, t, cc,
+                                     col_scales->untyped_data());
     }
   });
   if (!err.success()) return err;
