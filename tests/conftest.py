@@ -50,6 +50,23 @@ def pytest_cmdline_main(config):
     option.maxprocesses = option.maxprocesses or 4
   if option.numprocesses != 0 and option.dist == "no" and not option.distload:
     option.dist = "loadfile"
+    option.loadscopereorder = False  # files in pytest_collection_modifyitems' order
+
+
+# The files that take longest (seconds of an idle 2-core run, `--durations`), handed out
+# first so that no long file is left to run alone at the end (xdist's own order is by the
+# number of tests: test_cuda_host_check.py's two tests went last and ran alone for minutes).
+_LONGEST_FIRST = ("test_block_kernels.py", "test_quantize_exact.py", "test_platforms.py",
+                  "test_interception.py", "test_cuda_host_check.py",
+                  "test_sharding_explicit.py", "test_dropin_linen.py", "test_linen.py",
+                  "test_state.py", "test_fake_quantize.py", "test_xla_codec.py",
+                  "test_sweep.py")
+
+
+def pytest_collection_modifyitems(items):
+  """The files of _LONGEST_FIRST first, in its order; the others after, as collected."""
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def _kernel_levels() -> tuple[str | None, ...]:
