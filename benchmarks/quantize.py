@@ -230,6 +230,13 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
       xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
       print(f"{str(bf):28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
             f"{frac:>18} {xla}", flush=True)
+    if bf.tensor_scale:  # every code depends on x's amax: x is read twice (the amax, then
+      # the codes) wherever it outgrows the last-level cache, which caps "row" at
+      # moved / (moved + 2n); this line counts both reads, the op's physical floor
+      moved = ops["row"][1] + 2 * n
+      frac = ratio(t["copy"], t["row"], moved / copy_bytes)
+      print(f"{str(bf):28} {'row':6} {'':17} {frac:>18}  counting the amax's read of x "
+            f"(the line above is capped at {ops['row'][1] / moved:.2f})", flush=True)
     best_copy = min(t["copy"])
     print(f"{str(bf):28} copy   {best_copy * 1e3:8.2f}  ({copy_bytes / best_copy / 1e9:.1f} GB/s "
           "read + written)", flush=True)
