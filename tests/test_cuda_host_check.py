@@ -21,7 +21,7 @@ NVCC = shutil.which("nvcc")
 # the included .cu files launch) is never run: it is emitted as PTX for one virtual
 # architecture at cicc -O0, with no ptxas (the library's build compiles it for real). That
 # and a lower host optimization where the run stays short take these two tests from about
-# 430 s to about 115 s on a 2-core machine.
+# 430 s to about 130 s of a 2-core machine's suite run.
 def _check(tmp_path, source: str, host_opt: str, timeout: int):
   exe = tmp_path / source
   subprocess.run([NVCC, "-std=c++17", host_opt, "-gencode=arch=compute_75,code=compute_75",
