@@ -6,6 +6,7 @@ fixed cost of one FFI kernel call; and of one eager (un-jitted) mxjax op.
   python benchmarks/step.py --formats mxfp8_e4m3,mxfp8_hybrid,mxfp4_e2m1,fp8_delayed
   python benchmarks/step.py --dtype float32    # an f32 model (Flax's default), against f32
   python benchmarks/step.py --big              # d_model 1024, 4 layers, seq 512 (a GPU's size)
+  python benchmarks/step.py --big --profile 3   # and each step's 3 longest device kernels
 
 The step is the sweep's (`mxjax.sweep.train.Runner.step`: loss, grads, AdamW update and a
 stateful recipe's next state) jitted under each row's treatment, as the sweep runs it; the
@@ -63,6 +64,55 @@ def step_fns(lm, config: train_lib.TrainConfig, names, seq_len: int):
   return fns, runner.tx
 
 
+def kernel_kind(name: str) -> str:
+  """A device kernel's kind, from its name: GEMM, mxjax (this library's kernels), XLA
+  fusion, copy, other."""
+  low = name.lower()
+  if any(w in low for w in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "dot")):
+    return "GEMM"
+  if any(w in low for w in ("mxjax", "quantize", "amax", "swizzle")):
+    return "mxjax"
+  if any(w in low for w in ("fusion", "loop_", "input_", "reduce", "transpose", "triton")):
+    return "XLA fusion"
+  if "memcpy" in low or "memset" in low or "copy" in low:
+    return "copy"
+  return "other"
+
+
+def print_kernel_profile(name, fn, args, top: int) -> None:
+  """Traces one call of `fn(*args)` (compiled already) and prints the device's kernel time
+  by kind and the `top` longest kernels (jax.profiler.ProfileData of the trace)."""
+  import collections
+  import glob
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp):
+      jax.block_until_ready(fn(*args))
+    files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+      print(f"  {name}: the trace wrote no xplane.pb")
+      return
+    data = jax.profiler.ProfileData.from_file(files[0])
+  by_kernel = collections.Counter()
+  for plane in data.planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      if line.name.startswith("Stream"):  # kernels and copies as the GPU ran them
+        for event in line.events:
+          by_kernel[event.name] += event.duration_ns
+  if not by_kernel:
+    print(f"  {name}: no GPU kernels in the trace")
+    return
+  by_kind = collections.Counter()
+  for kernel, ns in by_kernel.items():
+    by_kind[kernel_kind(kernel)] += ns
+  print(f"  {name:14s} kernels {sum(by_kind.values()) / 1e6:7.2f} ms: " + ", ".join(
+      f"{kind} {ns / 1e6:.2f}" for kind, ns in by_kind.most_common()))
+  for kernel, ns in by_kernel.most_common(top):
+    print(f"  {'':14s}   {ns / 1e6:6.2f} ms  {kernel[:110]}")
+
+
 def ffi_call_cost(calls: int, shape=(16, 128), reps: int = 9) -> tuple[float, float]:
   """(seconds per extra quantize call, seconds per extra XLA elementwise op) on `shape`."""
   xs = jax.random.normal(jax.random.key(1), (calls, *shape), jnp.float32).astype(jnp.bfloat16)
@@ -105,6 +155,9 @@ def main(argv=None):
                  help="d_model 1024, 4 layers, 8 heads, seq 512, batch 16 (overrides those)")
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--calls", type=int, default=64, help="quantize calls for the FFI cost")
+  p.add_argument("--profile", type=int, default=0, metavar="N",
+                 help="GPU: trace one step of each row, print its kernel time by kind and its "
+                      "N longest kernels")
   args = p.parse_args(argv)
   if args.big:
     args.d_model, args.layers, args.heads, args.seq_len, args.batch_size = 1024, 4, 8, 512, 16
@@ -132,6 +185,9 @@ def main(argv=None):
   base = t[sweep_formats.BASELINE]
   for name, sec in t.items():
     print(f"  {name:14s} {sec * 1e3:8.2f} ms  ratio to {args.dtype} {sec / base:.3f}")
+  if args.profile:
+    for name, fn in fns.items():
+      print_kernel_profile(name, fn, (params, opt_state, batch), args.profile)
   ffi, xla = ffi_call_cost(args.calls)
   print(f"fixed cost per call on a [16, 128] bf16 input: FFI quantize {ffi * 1e6:.1f} us, "
         f"XLA elementwise op {xla * 1e6:.1f} us ({args.calls} calls in one program)")

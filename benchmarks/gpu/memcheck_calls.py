@@ -18,7 +18,7 @@ GPU = jax.devices("gpu")[0]
 rng = np.random.default_rng(0)
 ran = []
 for dtype in (jnp.bfloat16, jnp.float32):
-  for shape in ((7, 100), (130, 33), (3, 33, 48)):
+  for shape in ((7, 100), (130, 33), (3, 33, 48), (6, 128)):
     x = jax.device_put(jnp.asarray(rng.standard_normal(shape), dtype), GPU)
     for fmt in ("e4m3", "e3m2", "e2m1"):
       for axis in (-1, 0):

@@ -178,7 +178,7 @@ constexpr int fq_row_lanes() {
           L <= 32) ? L : 1;
 }
 
-template <class F, class In, class Out, int kLanes = kRowLanesDefault,
+template <class F, class In, class Out, int kLanes = kFakeRowLanesDefault,
           int kTileBytes = kColTileBytesDefault, Enc E = kEncDefault>
 void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t stream) {
   with_block(block, [&](auto bc) {

@@ -1,7 +1,9 @@
-// XLA FFI handler (platform "CUDA"): mxjax_quantize. Same attributes and buffers as the CPU
-// handler (see the team contract): x [outer, n, inner] (bf16 / f16 / f32) quantized along n
-// -> data [outer, storage(n), inner] (f8 or packed u8) and scales [outer, ceil(n/B), inner]
-// (e8m0 bytes).
+// XLA FFI handlers (platform "CUDA"): mxjax_quantize and mxjax_quantize_2x. Same attributes
+// and buffers as the CPU handlers (see the team contract): x [outer, n, inner] (bf16 / f16 /
+// f32) quantized along n -> data [outer, storage(n), inner] (f8 or packed u8) and scales
+// [outer, ceil(n/B), inner] (e8m0 bytes). quantize_2x of x [batch, M, K] is the rows kernel
+// along K, then the columns kernel along M: 0.43-0.51 of a copy on an H200, where one kernel
+// reading x once for both reached 0.16-0.30 (ffi/cuda/PERF_NOTES.md).
 //
 // Three kernels (ffi/cuda/PERF_NOTES.md has the arithmetic behind them):
 // - rows (inner == 1, n % B == 0): the tensor is one run of outer * n / B blocks; each of L
@@ -172,7 +174,7 @@ constexpr int row_lanes() {
           L <= 32) ? L : 1;
 }
 
-template <class F, class In, int kLanes = kRowLanesDefault, int kTileBytes = kColTileBytesDefault,
+template <class F, class In, int kLanes = kRowLanesDefault<F, In>, int kTileBytes = kColTileBytesDefault,
           Enc E = kEncDefault>
 void launch_quantize(const QuantizeArgs<In>& a, int block, cudaStream_t stream) {
   with_block(block, [&](auto bc) {
@@ -238,6 +240,54 @@ ffi::Error Quantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyB
   return launch_status("quantize");
 }
 
+ffi::Error Quantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> row_data,
+                      ffi::Result<ffi::AnyBuffer> row_scales, ffi::Result<ffi::AnyBuffer> col_data,
+                      ffi::Result<ffi::AnyBuffer> col_scales, int32_t format, int32_t mode,
+                      int64_t block) {
+  using namespace mxjax::cpu;  // shared attribute and buffer checks
+  if (ffi::Error e = check_attrs(format, mode, block); !e.success()) return e;
+  if (!high_precision(x.element_type())) {
+    return invalid("quantize_2x needs a bf16, f16 or f32 input");
+  }
+  auto dims = x.dimensions();
+  const int64_t rank = dims.size();
+  if (rank < 2) return invalid("quantize_2x needs an input of rank >= 2");
+  const int64_t m = dims[rank - 2], k = dims[rank - 1];
+  int64_t batch = 1;
+  for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
+  FormatInfo info = *format_info(format);
+  struct Check {
+    const char* name;
+    ffi::AnyBuffer buf;
+    ffi::DataType type;
+    int64_t axis, length;
+  } checks[] = {
+      {"row_data", *row_data, info.storage, rank - 1, info.storage_length(k)},
+      {"row_scales", *row_scales, ffi::DataType::F8E8M0FNU, rank - 1, cdiv(k, block)},
+      {"col_data", *col_data, info.storage, rank - 2, info.storage_length(m)},
+      {"col_scales", *col_scales, ffi::DataType::F8E8M0FNU, rank - 2, cdiv(m, block)},
+  };
+  for (const Check& c : checks) {
+    if (ffi::Error e = check_buffer(c.name, c.buf, c.type, dims, c.axis, c.length); !e.success()) {
+      return e;
+    }
+  }
+  if (x.element_count() == 0) return ffi::Error::Success();
+  auto bytes = [](ffi::Result<ffi::AnyBuffer>& b) { return static_cast<uint8_t*>(b->untyped_data()); };
+  dispatch(format, x.element_type(), [&](auto f, auto in) {
+    using F = decltype(f);
+    using In = decltype(in);
+    const auto* xp = static_cast<const typename In::T*>(x.untyped_data());
+    launch_quantize<F, In>(
+        QuantizeArgs<In>{xp, batch * m, k, 1, mode, bytes(row_data), bytes(row_scales)},
+        int(block), stream);
+    launch_quantize<F, In>(
+        QuantizeArgs<In>{xp, batch, m, k, mode, bytes(col_data), bytes(col_scales)},
+        int(block), stream);
+  });
+  return launch_status("quantize_2x");
+}
+
 #endif  // MXJAX_CUDA_KERNELS_ONLY
 
 }  // namespace
@@ -254,5 +304,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantizeCuda, mxjax::cuda::Quantize,
                                   .Attr<int32_t>("scale_mode")
                                   .Attr<int64_t>("block_size")
                                   .Attr<int64_t>("axis"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+#endif  // MXJAX_CUDA_KERNELS_ONLY
+
+#ifndef MXJAX_CUDA_KERNELS_ONLY
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantize2xCuda, mxjax::cuda::Quantize2x,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int32_t>("format")
+                                  .Attr<int32_t>("scale_mode")
+                                  .Attr<int64_t>("block_size"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 #endif  // MXJAX_CUDA_KERNELS_ONLY

@@ -21,7 +21,6 @@
 #include "cuda/dequantize.cu"
 #include "cuda/fake_quantize.cu"
 #include "cuda/quantize.cu"
-#include "cuda/quantize_2x.cu"
 #include "cuda/tests/reference_kernels.cuh"
 
 namespace mxjax::cuda {
@@ -195,7 +194,8 @@ void bench_format(const Buffers& b, const char* fmt) {
       const double ms = time_ms([&] { launch(a); });
       row("quantize rows", fmt, name, ms, q_bytes, qdiff(b.d2, b.s2, b.d1, b.s1));
     };
-    v("L=1 codec (default)", [&](auto& a) { launch_quantize<F, In, 1, 256, Enc::kCodec>(a, B, st); });
+    v("default", [&](auto& a) { launch_quantize<F, In>(a, B, st); });
+    v("L=1 codec", [&](auto& a) { launch_quantize<F, In, 1, 256, Enc::kCodec>(a, B, st); });
     v("L=2 codec", [&](auto& a) { launch_quantize<F, In, 2, 256, Enc::kCodec>(a, B, st); });
     v("L=4 codec", [&](auto& a) { launch_quantize<F, In, 4, 256, Enc::kCodec>(a, B, st); });
     if constexpr (F::bits == 8) {
@@ -213,8 +213,9 @@ void bench_format(const Buffers& b, const char* fmt) {
       const double ms = time_ms([&] { launch(a); });
       row("quantize cols", fmt, name, ms, q_bytes, qdiff(b.d2, b.s2, b.d1, b.s1));
     };
+    v("default", [&](auto& a) { launch_quantize<F, In>(a, B, st); });
     v("tile 128B codec", [&](auto& a) { launch_quantize<F, In, 1, 128, Enc::kCodec>(a, B, st); });
-    v("tile 256B codec (default)", [&](auto& a) { launch_quantize<F, In, 1, 256, Enc::kCodec>(a, B, st); });
+    v("tile 256B codec", [&](auto& a) { launch_quantize<F, In, 1, 256, Enc::kCodec>(a, B, st); });
     v("tile 512B codec", [&](auto& a) { launch_quantize<F, In, 1, 512, Enc::kCodec>(a, B, st); });
     if constexpr (F::bits == 8) {
       v("tile 256B cvt", [&](auto& a) { launch_quantize<F, In, 1, 256, Enc::kCvt>(a, B, st); });
@@ -225,7 +226,6 @@ void bench_format(const Buffers& b, const char* fmt) {
     ref::launch_quantize<F, In>(b.x, m, k, 1, B, kRceil, b.d1, b.s1, st);
     ref::launch_quantize<F, In>(b.x, 1, m, k, B, kRceil, b.d3, b.s3, st);
     const double bytes2 = 2.0 * n_el + 2.0 * (data_bytes + scale_bytes);
-    Problem2x p{1, m, k, B, kRceil, false, b.d2, b.s2, b.d4, b.s4};
     auto v = [&](const char* name, auto launch) {
       clear(b.d2, b.s2);
       clear(b.d4, b.s4);
@@ -233,17 +233,7 @@ void bench_format(const Buffers& b, const char* fmt) {
       row("quantize_2x", fmt, name, ms, bytes2,
           qdiff(b.d2, b.s2, b.d1, b.s1) + qdiff(b.d4, b.s4, b.d3, b.s3));
     };
-    v("smem 64x64 (before)", [&] {
-      Problem2x q = p;
-      q.vec = true;
-      quantize_2x_smem_kernel<F, In><<<unsigned(tile_count(q)), kThreads, 0, st>>>(b.x, q);
-    });
-    v("tiles 256B codec", [&] { launch_quantize_2x<F, In, 256, Enc::kCodec>(b.x, p, B, st); });
-    v("tiles 512B codec (default)", [&] { launch_quantize_2x<F, In, 512, Enc::kCodec>(b.x, p, B, st); });
-    if constexpr (F::bits == 8) {
-      v("tiles 512B cvt", [&] { launch_quantize_2x<F, In, 512, Enc::kCvt>(b.x, p, B, st); });
-    }
-    v("rows + cols kernels", [&] {
+    v("rows + cols kernels (default)", [&] {
       launch_quantize<F, In>(QuantizeArgs<In>{b.x, m, k, 1, kRceil, b.d2, b.s2}, B, st);
       launch_quantize<F, In>(QuantizeArgs<In>{b.x, 1, m, k, kRceil, b.d4, b.s4}, B, st);
     });
@@ -270,8 +260,9 @@ void bench_format(const Buffers& b, const char* fmt) {
     row("dequantize cols", fmt, "before (ref)", time_ms([&] { generic(rc); }), dbytes, -1);
     a = rc;
     a.out = b.o2;
+    vd("dequantize cols", "default", [&] { launch_dequantize<F, BF16>(a, B, st); });
     vd("dequantize cols", "8 x 4 tiles", [&] { launch_dequantize<F, BF16, 4>(a, B, st); });
-    vd("dequantize cols", "8 x 16 tiles (default)", [&] { launch_dequantize<F, BF16, 16>(a, B, st); });
+    vd("dequantize cols", "8 x 16 tiles", [&] { launch_dequantize<F, BF16, 16>(a, B, st); });
   }
   // fake_quantize bf16 -> bf16: reference = before-quantize + before-dequantize (two kernels).
   {
@@ -294,14 +285,16 @@ void bench_format(const Buffers& b, const char* fmt) {
         row(op, fmt, name, ms, fbytes, count_diff(b.o2, b.o1, 2 * n_el));
       };
       if (!cols) {
-        v("L=1 codec (default)", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCodec>(a, B, st); });
+        v("default", [&] { launch_fake_quantize<F, In, BF16>(a, B, st); });
+        v("L=1 codec", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCodec>(a, B, st); });
         v("L=4 codec", [&] { launch_fake_quantize<F, In, BF16, 4, 256, Enc::kCodec>(a, B, st); });
         if constexpr (F::bits == 8) {
           v("L=1 cvt", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCvt>(a, B, st); });
         }
       } else {
+        v("default", [&] { launch_fake_quantize<F, In, BF16>(a, B, st); });
         v("tile 128B codec", [&] { launch_fake_quantize<F, In, BF16, 1, 128, Enc::kCodec>(a, B, st); });
-        v("tile 256B codec (default)", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCodec>(a, B, st); });
+        v("tile 256B codec", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCodec>(a, B, st); });
         v("tile 512B codec", [&] { launch_fake_quantize<F, In, BF16, 1, 512, Enc::kCodec>(a, B, st); });
         if constexpr (F::bits == 8) {
           v("tile 256B cvt", [&] { launch_fake_quantize<F, In, BF16, 1, 256, Enc::kCvt>(a, B, st); });

@@ -1,6 +1,10 @@
 """GPU check of the CUDA handlers, for a machine with an NVIDIA GPU and a CUDA jaxlib.
 
-  python ffi/cuda/tests/gpu_check.py
+  python ffi/cuda/tests/gpu_check.py [--shard I/N]
+
+--shard I/N runs the I-th of N interleaved slices of the quantize and fake_quantize cases
+(the swizzle and GEMM checks in slice 0): N processes in parallel cover them all, N times
+faster (the time is XLA compiling each case on both devices).
 
 1. mxjax_quantize / _2x / _dequantize on "CUDA" equal the CPU handlers byte for byte (the
    CPU kernels are checked against the oracle by tests/test_quantize_exact.py), on every
@@ -24,6 +28,7 @@ from mxjax._src import extension, formats
 from mxjax._src.quantize import dequantize, fake_quantize, quantize, quantize_2x
 
 FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+SHARD, SHARDS = 0, 1  # this process runs the cases whose index is SHARD modulo SHARDS
 CPU, GPU = jax.devices("cpu")[0], jax.devices("gpu")[0]
 
 
@@ -36,6 +41,18 @@ def same(a, b, what):
   if not np.array_equal(a, b):
     bad = np.flatnonzero(a.ravel() != b.ravel())
     sys.exit(f"FAIL {what}: {bad.size} bytes differ, first at {bad[0]}")
+
+
+def mine(cases):
+  """This shard's cases, counted."""
+  global checked
+  for i, case in enumerate(cases):
+    if i % SHARDS == SHARD:
+      checked += 1
+      yield case
+
+
+checked = 0
 
 
 def inputs(shape, dtype, seed):
@@ -55,8 +72,8 @@ def check_quantize():
       (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((1,), 0),
        ((64, 256), 0), ((2, 96, 48), 1), ((70, 128), 0))):
     cases.append((inputs(shape, dtype, len(cases)), axis))
-  for (x, axis), fmt, mode, block in itertools.product(
-      cases, FORMATS, ("rceil", "floor"), (16, 32, 64)):
+  for (x, axis), fmt, mode, block in mine(itertools.product(
+      cases, FORMATS, ("rceil", "floor"), (16, 32, 64))):
     kw = dict(axis=axis, block_size=block, scale_mode=mode)
     want = quantize(jax.device_put(x, CPU), fmt, **kw)
     got = quantize(jax.device_put(x, GPU), fmt, **kw)
@@ -71,7 +88,7 @@ def check_quantize():
       for g, w, side in zip(got2, want2, ("row", "col")):
         same(g.scales, w.scales, f"{tag} 2x {side} scales")
         same(g.data, w.data, f"{tag} 2x {side} data")
-  print("quantize / quantize_2x / dequantize: CUDA == CPU")
+  print(f"quantize / quantize_2x / dequantize: CUDA == CPU ({checked} cases)")
 
 
 def cuda_fake_quantize(x, fmt, mode, block, axis, dtype):
@@ -91,15 +108,15 @@ def check_fake_quantize():
       (((7, 100), -1), ((130, 9), 0), ((3, 33, 5), 1), ((4, 64, 256), -1), ((64, 256), 0),
        ((1,), 0), ((2, 96, 48), 1))):
     cases.append((inputs(shape, dtype, 1000 + len(cases)), axis))
-  for (x, axis), fmt, mode, block, out in itertools.product(
-      cases, FORMATS, ("rceil", "floor"), (16, 32, 64), (jnp.bfloat16, jnp.float16, jnp.float32)):
+  for (x, axis), fmt, mode, block, out in mine(itertools.product(
+      cases, FORMATS, ("rceil", "floor"), (16, 32, 64), (jnp.bfloat16, jnp.float16, jnp.float32))):
     want = fake_quantize(jax.device_put(x, CPU), fmt, axis=axis, block_size=block,
                          scale_mode=mode, dtype=out)
     got = jax.jit(cuda_fake_quantize, static_argnums=(1, 2, 3, 4, 5))(
         jax.device_put(x, GPU), fmt, mode, block, axis, out)
     same(got, want, f"fake_quantize {fmt} {mode} B={block} {x.dtype}->{jnp.dtype(out).name} "
          f"{x.shape} axis={axis}")
-  print("fake_quantize: CUDA == CPU")
+  print(f"fake_quantize: CUDA == CPU ({checked} cases in all)")
 
 
 def swizzle_reference(s):
@@ -143,7 +160,12 @@ def check_gemm():
 
 
 if __name__ == "__main__":
-  check_swizzle()
+  if "--shard" in sys.argv:
+    SHARD, SHARDS = map(int, sys.argv[sys.argv.index("--shard") + 1].split("/"))
+    assert 0 <= SHARD < SHARDS, "--shard I/N needs 0 <= I < N"
+  if SHARD == 0:
+    check_swizzle()
   check_quantize()
   check_fake_quantize()
-  check_gemm()
+  if SHARD == 0:
+    check_gemm()

@@ -4,7 +4,7 @@
 // then each stores) and compares the bytes with the CPU kernels of
 // ffi/include/mxjax/quantize.h, for every format, input / output dtype, block size, scale
 // mode and kernel variant (rows: 1, 2 or 4 lanes per block; column tiles of 1..16 columns;
-// quantize_2x register tiles and the shared-memory fallback), on odd shapes, every bf16 bit
+// quantize_2x is these rows and columns kernels, one launch each), on odd shapes, every bf16 bit
 // pattern and special values (Inf / NaN / -0 / subnormals / extreme scales); it also checks
 // the 128x4 scale swizzle against its definition. What it cannot see: warp shuffles, the
 // 16-byte vector instructions, __syncthreads, launch configuration, and the device-only
@@ -24,7 +24,6 @@
 #include "cuda/dequantize.cu"
 #include "cuda/fake_quantize.cu"
 #include "cuda/quantize.cu"
-#include "cuda/quantize_2x.cu"
 #include "cuda/scale_swizzle.h"
 
 namespace mxjax::cuda {
@@ -291,74 +290,6 @@ void check_fake_quantize(const std::vector<typename In::T>& x, int64_t outer, in
   cols(std::integral_constant<int, tile_cols<In, B, 256>()>{});
 }
 
-// ---- quantize_2x ----
-
-template <class F, class In, int B, int kTileBytes>
-void run_2x_tiles(const std::vector<typename In::T>& x, const Problem2x& p) {
-  constexpr int V = tile_cols<In, B, kTileBytes>();
-  using P = Plan2x<F, In, B, V>;
-  if constexpr (P::ok) {
-    const int64_t tiles = p.batch * cdiv(p.m, B) * (p.k / V);
-    std::vector<Tile2x<F, In, B, V>> lanes(P::L);
-    for (int64_t t0 = 0; t0 < tiles; t0 += P::L) {
-      for (int q = 0; q < P::L; ++q) tile2x_load<F, In, B, V>(x.data(), p, t0 + q, tiles, lanes[q]);
-      for (int i = 0; i < B; ++i) {
-        uint32_t m = 0;
-        for (int q = 0; q < P::L; ++q) m = umax(m, lanes[q].row_amax[i]);
-        for (int q = 0; q < P::L; ++q) lanes[q].row_amax[i] = m;
-      }
-      for (int q = 0; q < P::L; ++q) tile2x_store<F, In, B, V, Enc::kCodec>(p, t0 + q, lanes[q]);
-    }
-  }
-}
-
-template <class F, class In, int B>
-void check_quantize_2x(const std::vector<typename In::T>& x, int64_t batch, int64_t m,
-                       int64_t k, int mode) {
-  const int64_t rs = cdiv(k, F::group_codes) * F::group_bytes;
-  const int64_t cs = cdiv(m, F::group_codes) * F::group_bytes;
-  // The CPU 1x kernels along K and along M give the reference.
-  std::vector<uint8_t> wrd(batch * m * rs, 0xAB), wrsc(batch * m * cdiv(k, B), 0xAB);
-  std::vector<uint8_t> wcd(batch * cs * k, 0xAB), wcsc(batch * cdiv(m, B) * k, 0xAB);
-  for (int64_t b = 0; b < batch; ++b) {
-    const typename In::T* xb = x.data() + b * m * k;
-    for (int64_t r = 0; r < m; ++r) {
-      quantize_row<F, In>(xb + r * k, k, 0, cdiv(k, B), B, mode, wrd.data() + (b * m + r) * rs,
-                          wrsc.data() + (b * m + r) * cdiv(k, B));
-    }
-    for (int64_t j = 0; j < cdiv(m, B); ++j) {
-      quantize_cols<F, In>(xb + j * B * k, k, int(min64(B, m - j * B)), 0, k, B, mode,
-                           wcd.data() + (b * cs + j * block_storage<F>(B)) * k,
-                           wcsc.data() + (b * cdiv(m, B) + j) * k);
-    }
-  }
-  auto run = [&](const char* what, auto fn) {
-    std::vector<uint8_t> rd(wrd.size(), 0xAB), rsc(wrsc.size(), 0xAB);
-    std::vector<uint8_t> cd(wcd.size(), 0xAB), csc(wcsc.size(), 0xAB);
-    Problem2x p{batch, m, k, B, mode, false, rd.data(), rsc.data(), cd.data(), csc.data()};
-    fn(p);
-    const std::string tag = std::string("2x ") + what + " in=" + std::to_string(sizeof(typename In::T));
-    expect_equal(rsc, wrsc, tag + " row scales", F::id, B, mode, batch, m, k);
-    expect_equal(rd, wrd, tag + " row data", F::id, B, mode, batch, m, k);
-    expect_equal(csc, wcsc, tag + " col scales", F::id, B, mode, batch, m, k);
-    expect_equal(cd, wcd, tag + " col data", F::id, B, mode, batch, m, k);
-  };
-  run("smem", [&](Problem2x& p) {
-    std::vector<uint32_t> tile(kTile * kLd);
-    for (int64_t id = 0; id < tile_count(p); ++id) {
-      TileOrigin o = tile_origin(p, id);
-      for (int c = 0; c < kTile * kTile / kVec<In>; ++c) stage_vector<In>(x.data(), p, o, c, tile.data());
-      for (int t = 0; t < 2 * kTile * (kTile / B); ++t) run_task<F>(p, o, t, tile.data());
-    }
-  });
-  if (k % B == 0 && Plan2x<F, In, B, tile_cols<In, B, 256>()>::ok) {
-    run("tiles 256B", [&](Problem2x& p) { run_2x_tiles<F, In, B, 256>(x, p); });
-  }
-  if (k % B == 0 && Plan2x<F, In, B, tile_cols<In, B, 512>()>::ok) {
-    run("tiles 512B", [&](Problem2x& p) { run_2x_tiles<F, In, B, 512>(x, p); });
-  }
-}
-
 void check_swizzle() {
   for (int64_t rows : {1, 127, 128, 129, 300}) {
     for (int64_t cols : {1, 3, 4, 5, 9}) {
@@ -432,12 +363,6 @@ int main() {
     check_quantize<F, In, B>(all, 1, 64, 1024, mode);
     check_fake_quantize<F, In, BF16, B>(all, 1024, 64, 1, mode);
     check_fake_quantize<F, In, F32, B>(all, 1, 64, 1024, mode);
-    for (int64_t m : {1, 17, 70}) {
-      for (int64_t k : std::array<int64_t, 4>{3, B, 130, 4 * B}) {
-        check_quantize_2x<F, In, B>(inputs<In>(2 * m * k, rng), 2, m, k, mode);
-      }
-    }
-    check_quantize_2x<F, In, B>(all, 1, 256, 256, mode);
   });
   std::printf(failures ? "host_check: %d FAILURES of %d checks\n" : "host_check: all passed (%d checks)\n",
               failures ? failures : checks, checks);
