@@ -134,13 +134,19 @@ def _wide(blocks: np.ndarray, width: int = 1024) -> np.ndarray:
   return flat.reshape(-1, width)
 
 
+_oracle_codes_jit = jax.jit(lambda x, bf, axis: reference.block_quantize(x, bf, axis=axis)[:2],
+                            static_argnums=(1, 2))
+
+
 def _assert_2x(x, bf, what=""):
   """quantize_2x's rows and columns against the oracle's quantize along each axis."""
   rows, cols, _ = _quantize_2x_jit(x, bf)
   for axis, got in ((-1, rows), (-2, cols)):
-    want = reference.block_quantize(x, bf, axis=axis)[:2]
-    for w, g in zip(want, got):
-      np.testing.assert_array_equal(_u(g), _u(w), err_msg=f"{bf} 2x axis {axis} {what}")
+    key = (bf, "2x", axis, what, x.shape, x.dtype)
+    if key not in _wanted:
+      _wanted[key] = [_u(w) for w in _oracle_codes_jit(x, bf, axis)]
+    for w, g in zip(_wanted[key], got):
+      np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} 2x axis {axis} {what}")
 
 
 @at_every_level
@@ -240,8 +246,7 @@ def test_quantize_2x_equals_the_oracle_both_ways(name):
     x = _awkward_3d(dtype)
     key = (bf, "2x", x.dtype)
     if key not in _wanted:
-      _wanted[key] = [[_u(a) for a in reference.block_quantize(x, bf, axis=axis)[:2]]
-                      for axis in (-1, -2)]
+      _wanted[key] = [[_u(a) for a in _oracle_codes_jit(x, bf, axis)] for axis in (-1, -2)]
     rows, cols, ts = _quantize_2x_jit(x, bf)
     for what, want, got in (("rows", _wanted[key][0], rows), ("columns", _wanted[key][1], cols)):
       for w, g in zip(want, got):
@@ -368,10 +373,13 @@ def test_two_d_quantize_on_a_mesh():
       np.testing.assert_array_equal(_u(g), _u(w), err_msg=str(kind))
 
 
+_oracle_f32_bits = jax.jit(reference.to_f32_bits)  # one compile a shape, not one an op
+
+
 def _oracle_amax(x) -> np.uint32:
   """The oracle's amax (`reference.tensor_scale`'s): the largest f32 bits of |x| over x's
   finite elements, 0 for none."""
-  mag = np.asarray(reference.to_f32_bits(jnp.asarray(x))).astype(np.uint32) & 0x7FFFFFFF
+  mag = np.asarray(_oracle_f32_bits(jnp.asarray(x))).astype(np.uint32) & 0x7FFFFFFF
   return np.uint32(np.max(np.where(mag < 0x7F800000, mag, 0), initial=0))
 
 
@@ -405,6 +413,7 @@ def _amax_cases():
 _AMAX_CASES = _amax_cases()
 _tensor_scale_bits = jax.jit(lambda x: jax.lax.bitcast_convert_type(
     ops.tensor_scale(x, bfmt.NVFP4), jnp.uint32))
+_oracle_tensor_scale = jax.jit(lambda x: reference.tensor_scale(x, bfmt.NVFP4))
 
 
 @at_every_level
@@ -417,7 +426,7 @@ def test_tensor_amax_equals_the_oracle():
     got = amax(x)
     assert got.dtype == jnp.uint32 and got.shape == (), name
     assert np.uint32(got) == _oracle_amax(x), (name, x.dtype, hex(int(got)))
-    assert int(_tensor_scale_bits(x)) == int(reference.tensor_scale(x, bfmt.NVFP4)), name
+    assert int(_tensor_scale_bits(x)) == int(_oracle_tensor_scale(x)), name
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
