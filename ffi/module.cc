@@ -35,6 +35,7 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCpu);
     d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCpu);
     d["mxjax_tensor_amax"] = capsule(MxjaxTensorAmaxCpu);
+    d["mxjax_random_bits"] = capsule(MxjaxRandomBitsCpu);
     return d;
   }, "{target name: capsule} of the CPU (platform \"cpu\") handlers.");
 

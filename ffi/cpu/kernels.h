@@ -136,6 +136,10 @@ struct BlockKernels {
   // max over elements [begin, end) of x (dtype) of the f32 bits of |x| over finite ones
   // (amax_kernels.cc; NaN / Inf count as 0; 0 for an empty range)
   uint32_t (*tensor_amax)(const void* x, int32_t dtype, int64_t begin, int64_t end);
+  // stochastic rounding's bits of the indices first + j * step, j in [0, n)
+  // (random_bits_kernels.cc)
+  void (*random_bits)(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
+                      uint32_t* out);
 };
 
 // Kernels for one SIMD level; each runs work units [begin, end) of its problem.

@@ -319,7 +319,13 @@ def _along_m(config: Config, group_sizes):
 
 
 def _quantized_along_m(x, fmt: BlockFormat, seed=None) -> MXArray:
-  return _quantized(x, fmt, -2, None if seed is None else stochastic.bits_like(seed, 1, x))
+  return _quantized(x, fmt, -2, None if seed is None else _bits(seed, 1, x))
+
+
+def _bits(seed, i: int, x, strides=None) -> jax.Array:
+  """Stream `i`'s stochastic-rounding bits of a product's seed for x (see
+  `ops.random_bits_like`)."""
+  return ops.random_bits_like(stochastic.stream(seed, i), x, strides)
 
 
 def _group_align(roles: Roles) -> int:
@@ -344,14 +350,14 @@ def _rht_quantized(x, fmt: BlockFormat, seed=None, *, signs) -> MXArray:
   n = len(signs)
   if fmt.two_d or n % fmt.block_size or n % fmt.element_format.codes_per_group:
     y = hadamard.rht(x, -2, signs)
-    return _quantized(y, fmt, -2, None if seed is None else stochastic.bits_like(seed, 1, y))
+    return _quantized(y, fmt, -2, None if seed is None else _bits(seed, 1, y))
   rows = hadamard.rht_rows(x, -2, signs)
   *batch, runs, cols, _ = rows.shape
   flat = rows.reshape(*batch, runs, cols * n)
   rand = None
-  if seed is not None:  # element (m, c) of R x sits at [m // n, c * n + m % n] of flat
-    index = stochastic.row_major_index((*batch, runs, n, cols))
-    rand = stochastic.bits_like(seed, 1, flat, jnp.swapaxes(index, -1, -2).reshape(flat.shape))
+  if seed is not None:  # element (m, c) of R x sits at [m // n, c, m % n] of rows
+    strides = stochastic.row_major_strides((*batch, runs, n, cols))
+    rand = _bits(seed, 1, rows, (*strides[:-2], strides[-1], strides[-2])).reshape(flat.shape)
   data, scales, ts = ops.quantize_raw(flat, fmt, flat.ndim - 1, rand)
 
   def along_m(a):  # [*B, M/n, N * k] -> [*B, M/n * k, N]
@@ -412,12 +418,12 @@ def _gradient_copies(config: Config, g, seed, group_sizes):
   if not config.has_key:
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.dot_general",
                                                    recipe=config.recipe_name or roles))
-  g_n = _quantized(g, fmt, -1, stochastic.bits_like(seed, 0, g))
+  g_n = _quantized(g, fmt, -1, _bits(seed, 0, g))
   if rotate is not None:
     return g_n, rotate(g, fmt, seed)
   if fmt.two_d:  # one quantization serves both products
     return g_n, g_n
-  return g_n, _quantized(g, fmt, -2, stochastic.bits_like(seed, 1, g))
+  return g_n, _quantized(g, fmt, -2, _bits(seed, 1, g))
 
 
 def _product_bwd(config: Config, residuals, cotangents):

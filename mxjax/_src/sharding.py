@@ -14,6 +14,8 @@
 
 `max_over_shards` gives a reduction to a scalar (the tensor amax) the same two kinds of
 rules: each device reduces its own shard, then one `lax.pmax` over the sharded axes.
+`indexed_partitioned` gives a counter on the global index (stochastic rounding's bits)
+the same two: each device computes its own shard's from the shard's first index.
 
 `leaf_specs` says how each array of an MXArray (or a pair) is stored when its tensor is
 sharded as a PartitionSpec names (Flax's kernel annotations).
@@ -39,6 +41,7 @@ import re
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -304,6 +307,69 @@ def max_over_shards(local: Callable) -> Callable:
     return jax.shard_map(pmaxed(op if _auto_left(mesh, names) else local, spec), mesh=mesh,
                          in_specs=PartitionSpec(*spec), out_specs=PartitionSpec(),
                          axis_names=names)(x)
+
+  return run
+
+
+# ---------------------------------------------------------------------------------------
+# Counters on the global index: each shard's from its first index.
+
+
+def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
+  """`local` (seed, base, x -> uint32 of x's shape: a function of each element's index
+  `base[0] + sum_d i_d * strides[d]` modulo 2^32, as stochastic rounding's bits) with
+  sharding rules for Auto and Explicit axes: each device computes its own shard's, its
+  base moved to the shard's first index (the shard's position along each sharded dim
+  times its length there times the dim's stride). No collective; x is read for its shape.
+  """
+
+  def offset(spec, local_shape):
+    """The uint32 index of this shard's first element, less the whole array's."""
+    base = jnp.zeros((), jnp.uint32)
+    for d, entry in enumerate(spec):
+      if axis_names(entry):
+        step = jnp.uint32(local_shape[d] * strides[d] % 2 ** 32)
+        base = base + jax.lax.axis_index(axis_names(entry)).astype(jnp.uint32) * step
+    return base
+
+  def per_shard(fn, spec, local_shape):
+    return lambda seed, base, x: fn(seed, base + offset(spec, local_shape), x)
+
+  def local_shape(shape, mesh, spec):  # uneven shards are padded to the longest
+    return [-(-n // shard_count(mesh, entry)) for n, entry in zip(shape, spec)]
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    x = arg_shapes[2]
+    ndim = len(x.shape)
+    spec = spec_over_mesh(x.sharding, mesh, ndim) or (None,) * ndim
+    x_sharding, replicated = NamedSharding(mesh, PartitionSpec(*spec)), NamedSharding(
+        mesh, PartitionSpec())
+    return (mesh, per_shard(local, spec, local_shape(x.shape, mesh, spec)), x_sharding,
+            (replicated, replicated, x_sharding))
+
+  def rule(mesh, operand_types, result_types):
+    del mesh, result_types
+    dims = " ".join(f"d{i}" for i in range(len(operand_types[2].shape)))
+    text = f"s, t, {dims} -> {dims}"
+    return text, dict(need_replication_factors=("s", "t"))
+
+  op = custom_partitioning(local)
+  op.def_partition(partition=partition, decode_shardings=False, sharding_rule=rule)
+
+  def run(seed, base, x):
+    if jnp.ndim(x) == 0:  # nothing to shard
+      return local(seed, base, x)
+    spec = typed_spec(x)
+    if spec is None:  # no Explicit axis in x's type: the rule above applies
+      return op(seed, base, x)
+    mesh = jax.typeof(x).sharding.mesh
+    names = {name for entry in spec for name in axis_names(entry)}
+    fn = per_shard(op if _auto_left(mesh, names) else local, spec,
+                   local_shape(x.shape, mesh, spec))
+    return jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(),
+                                                  PartitionSpec(*spec)),
+                         out_specs=PartitionSpec(*spec), axis_names=names)(seed, base, x)
 
   return run
 

@@ -1,5 +1,7 @@
 """The random bits of stochastic rounding: a hash of the global element index, so any
-sharding on any mesh rounds the same way."""
+sharding on any mesh rounds the same way. `random_bits` is their definition in XLA;
+`ops.random_bits_like` makes the same bits with the mxjax_random_bits kernel where the CPU
+kernels are in use."""
 
 from __future__ import annotations
 
@@ -26,32 +28,39 @@ def _mix(h):
   return h ^ jnp.right_shift(h, _U32(16))
 
 
-def row_major_index(shape) -> jax.Array:
-  """uint32 of `shape`: each element's row-major index (wrapping at 2**32)."""
-  idx = jnp.zeros(shape, _U32)
-  stride = 1
-  for d in reversed(range(len(shape))):
+def row_major_strides(shape) -> tuple[int, ...]:
+  """Each dim's stride (elements) in a row-major array of `shape`, modulo 2**32."""
+  strides, stride = [], 1
+  for n in reversed(shape):
+    strides.append(stride % 2 ** 32)
+    stride *= n
+  return tuple(reversed(strides))
+
+
+def index(shape, strides=None, base=0) -> jax.Array:
+  """uint32 of `shape`: `base + sum_d i_d * strides[d]` of each element modulo 2**32; with
+  the row-major strides (the default), each element's row-major index."""
+  strides = row_major_strides(shape) if strides is None else strides
+  idx = jnp.full(shape, base, _U32)
+  for d, stride in enumerate(strides):
     idx = idx + lax.broadcasted_iota(_U32, shape, d) * _U32(stride % 2 ** 32)
-    stride *= shape[d]
   return idx
 
 
-def random_bits(seed, shape, index=None) -> jax.Array:
-  """uint32 bits of `shape`: `mix(mix(index * golden ^ seed[0]) ^ seed[1])` of each
-  element's global index, `row_major_index(shape)` unless given (`index`: uint32 of
-  `shape`, for an array laid out otherwise); `seed` is uint32[2]."""
+def random_bits(seed, shape, strides=None, base=0) -> jax.Array:
+  """uint32 bits of `shape`: `mix(mix(i * golden ^ seed[0]) ^ seed[1])` of each element's
+  global index i, `index(shape, strides, base)` (the row-major index by default); `seed`
+  is uint32[2]."""
   seed = jnp.asarray(seed).astype(_U32).reshape(-1)
-  idx = row_major_index(shape) if index is None else index
-  return _mix(_mix(idx * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
+  return _mix(_mix(index(shape, strides, base) * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
 
 
-def bits_like(seed, i: int, x, index=None) -> jax.Array:
-  """`random_bits` of stream `i` of `seed` for x's shape (uint32), computed from x's
-  elements (xor a 0 that XLA cannot fold: NaN and not NaN), so that XLA schedules them
-  once x exists: unordered, it hoists every product's bits to the start of the program
-  and keeps them all live (4 bytes an element) until their backward."""
-  zero = ((x != x) & (x == x)).astype(_U32)
-  return random_bits(stream(seed, i), x.shape, index) ^ zero
+def after(bits, x) -> jax.Array:
+  """`bits` xor a 0 computed from x's elements (NaN and not NaN, which XLA cannot fold),
+  so that XLA schedules them once x exists: unordered, it hoists every product's bits to
+  the start of the program and keeps them all live (4 bytes an element) until their
+  backward."""
+  return bits ^ ((x != x) & (x == x)).astype(_U32)
 
 
 def seed_of(key) -> jax.Array:

@@ -1,0 +1,23 @@
+// Stochastic rounding's random bits (mxjax_random_bits): a hash of each element's global
+// index, as mxjax/_src/stochastic.py defines them. random_bits_kernels.cc is compiled once
+// per SIMD level (its function goes into that level's BlockKernels table);
+// random_bits_ffi.cc is the handler.
+#ifndef MXJAX_CPU_RANDOM_BITS_H_
+#define MXJAX_CPU_RANDOM_BITS_H_
+
+#include <cstdint>
+
+#include "mxjax/codec.h"  // MXJAX_ISA_NS
+
+namespace mxjax {
+inline namespace MXJAX_ISA_NS {
+
+// out[j] = mix(mix((first + j * step) * 0x9E3779B9 ^ seed0) ^ seed1) for j in [0, n), all
+// arithmetic modulo 2^32; mix is lowbias32 (xor-shift-multiply).
+void random_bits(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
+                 uint32_t* out);
+
+}  // namespace MXJAX_ISA_NS
+}  // namespace mxjax
+
+#endif  // MXJAX_CPU_RANDOM_BITS_H_
