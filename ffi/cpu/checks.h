@@ -66,6 +66,42 @@ inline ffi::Error check_buffer(const char* name, const ffi::AnyBuffer& buf, ffi:
   return ok ? ffi::Error::Success() : invalid(std::string(name) + " has the wrong shape");
 }
 
+// The checks of an MX quantize_2x of x [..., m, k] (the CPU and CUDA handlers'): the
+// attributes, x's dtype and rank, and the four results (rows along k, columns along m).
+// Sets batch (the product of the leading dims), m and k.
+inline ffi::Error check_quantize_2x(const ffi::AnyBuffer& x, const ffi::AnyBuffer& row_data,
+                                    const ffi::AnyBuffer& row_scales,
+                                    const ffi::AnyBuffer& col_data,
+                                    const ffi::AnyBuffer& col_scales, int32_t format,
+                                    int32_t mode, int64_t block, int64_t& batch, int64_t& m,
+                                    int64_t& k) {
+  if (ffi::Error e = check_attrs(format, mode, block); !e.success()) return e;
+  if (!high_precision(x.element_type())) return invalid("quantize_2x needs a bf16, f16 or f32 input");
+  auto dims = x.dimensions();
+  const int64_t rank = dims.size();
+  if (rank < 2) return invalid("quantize_2x needs an input of rank >= 2");
+  m = dims[rank - 2], k = dims[rank - 1], batch = 1;
+  for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
+  const FormatInfo info = *format_info(format);
+  struct Check {
+    const char* name;
+    const ffi::AnyBuffer& buf;
+    ffi::DataType type;
+    int64_t axis, length;
+  } checks[] = {
+      {"row_data", row_data, info.storage, rank - 1, info.storage_length(k)},
+      {"row_scales", row_scales, ffi::DataType::F8E8M0FNU, rank - 1, ceil_div(k, block)},
+      {"col_data", col_data, info.storage, rank - 2, info.storage_length(m)},
+      {"col_scales", col_scales, ffi::DataType::F8E8M0FNU, rank - 2, ceil_div(m, block)},
+  };
+  for (const Check& c : checks) {
+    if (ffi::Error e = check_buffer(c.name, c.buf, c.type, dims, c.axis, c.length); !e.success()) {
+      return e;
+    }
+  }
+  return ffi::Error::Success();
+}
+
 // Splits dims into [outer, dims[axis], inner].
 inline void view3(ffi::AnyBuffer::Dimensions dims, int64_t axis, int64_t& outer, int64_t& n,
                   int64_t& inner) {

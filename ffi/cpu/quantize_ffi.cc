@@ -46,31 +46,13 @@ ffi::Future Quantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x,
                        ffi::Result<ffi::AnyBuffer> row_data, ffi::Result<ffi::AnyBuffer> row_scales,
                        ffi::Result<ffi::AnyBuffer> col_data, ffi::Result<ffi::AnyBuffer> col_scales,
                        int32_t format, int32_t mode, int64_t block) {
-  if (ffi::Error e = check_attrs(format, mode, block); !e.success()) return ready_future(e);
-  auto dtype = high_precision(x.element_type());
-  if (!dtype) return ready_future(invalid("quantize_2x needs a bf16, f16 or f32 input"));
-  auto dims = x.dimensions();
-  int64_t rank = dims.size();
-  if (rank < 2) return ready_future(invalid("quantize_2x needs an input of rank >= 2"));
-  FormatInfo info = *format_info(format);
-  int64_t m = dims[rank - 2], k = dims[rank - 1], batch = 1;
-  for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
-  struct Check {
-    const char* name;
-    ffi::AnyBuffer buf;
-    ffi::DataType type;
-    int64_t axis, length;
-  } checks[] = {
-      {"row_data", *row_data, info.storage, rank - 1, info.storage_length(k)},
-      {"row_scales", *row_scales, ffi::DataType::F8E8M0FNU, rank - 1, ceil_div(k, block)},
-      {"col_data", *col_data, info.storage, rank - 2, info.storage_length(m)},
-      {"col_scales", *col_scales, ffi::DataType::F8E8M0FNU, rank - 2, ceil_div(m, block)},
-  };
-  for (const Check& c : checks) {
-    if (ffi::Error e = check_buffer(c.name, c.buf, c.type, dims, c.axis, c.length); !e.success()) {
-      return ready_future(e);
-    }
+  int64_t batch, m, k;
+  if (ffi::Error e = check_quantize_2x(x, *row_data, *row_scales, *col_data, *col_scales, format,
+                                       mode, block, batch, m, k);
+      !e.success()) {
+    return ready_future(e);
   }
+  auto dtype = high_precision(x.element_type());
   if (x.element_count() == 0) return ready_future();
   Quantize2xProblem p{x.untyped_data(), *dtype, format, mode, block, batch, m, k,
                       static_cast<uint8_t*>(row_data->untyped_data()),

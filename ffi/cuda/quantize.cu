@@ -245,32 +245,11 @@ ffi::Error Quantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
                       ffi::Result<ffi::AnyBuffer> col_scales, int32_t format, int32_t mode,
                       int64_t block) {
   using namespace mxjax::cpu;  // shared attribute and buffer checks
-  if (ffi::Error e = check_attrs(format, mode, block); !e.success()) return e;
-  if (!high_precision(x.element_type())) {
-    return invalid("quantize_2x needs a bf16, f16 or f32 input");
-  }
-  auto dims = x.dimensions();
-  const int64_t rank = dims.size();
-  if (rank < 2) return invalid("quantize_2x needs an input of rank >= 2");
-  const int64_t m = dims[rank - 2], k = dims[rank - 1];
-  int64_t batch = 1;
-  for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
-  FormatInfo info = *format_info(format);
-  struct Check {
-    const char* name;
-    ffi::AnyBuffer buf;
-    ffi::DataType type;
-    int64_t axis, length;
-  } checks[] = {
-      {"row_data", *row_data, info.storage, rank - 1, info.storage_length(k)},
-      {"row_scales", *row_scales, ffi::DataType::F8E8M0FNU, rank - 1, cdiv(k, block)},
-      {"col_data", *col_data, info.storage, rank - 2, info.storage_length(m)},
-      {"col_scales", *col_scales, ffi::DataType::F8E8M0FNU, rank - 2, cdiv(m, block)},
-  };
-  for (const Check& c : checks) {
-    if (ffi::Error e = check_buffer(c.name, c.buf, c.type, dims, c.axis, c.length); !e.success()) {
-      return e;
-    }
+  int64_t batch, m, k;
+  if (ffi::Error e = check_quantize_2x(x, *row_data, *row_scales, *col_data, *col_scales, format,
+                                       mode, block, batch, m, k);
+      !e.success()) {
+    return e;
   }
   if (x.element_count() == 0) return ffi::Error::Success();
   auto bytes = [](ffi::Result<ffi::AnyBuffer>& b) { return static_cast<uint8_t*>(b->untyped_data()); };
