@@ -174,8 +174,8 @@ constexpr int row_lanes() {
           L <= 32) ? L : 1;
 }
 
-template <class F, class In, int kLanes = kRowLanesDefault<F, In>, int kTileBytes = kColTileBytesDefault,
-          Enc E = kEncDefault>
+template <class F, class In, int kLanes = kRowLanesDefault<F, In>,
+          int kTileBytes = kColTileBytesDefault, Enc E = kEncDefault>
 void launch_quantize(const QuantizeArgs<In>& a, int block, cudaStream_t stream) {
   with_block(block, [&](auto bc) {
     constexpr int B = decltype(bc)::value;
@@ -284,9 +284,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantizeCuda, mxjax::cuda::Quantize,
                                   .Attr<int64_t>("block_size")
                                   .Attr<int64_t>("axis"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
-#endif  // MXJAX_CUDA_KERNELS_ONLY
-
-#ifndef MXJAX_CUDA_KERNELS_ONLY
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxQuantize2xCuda, mxjax::cuda::Quantize2x,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
