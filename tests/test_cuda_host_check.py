@@ -24,11 +24,11 @@ NVCC = shutil.which("nvcc")
 # 430 s to about 130 s of a 2-core machine's suite run.
 def _check(tmp_path, source: str, host_opt: str, timeout: int):
   exe = tmp_path / source
-  build = subprocess.run([NVCC, "-std=c++17", host_opt, "-gencode=arch=compute_75,code=compute_75",
-                          "-Xcicc", "-O0", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'ffi/include'}",
-                          "-isystem", jax.ffi.include_dir(),
-                          str(ROOT / f"ffi/cuda/tests/{source}.cu"), "-o", str(exe)],
-                         capture_output=True, text=True)
+  build = subprocess.run(
+      [NVCC, "-std=c++17", host_opt, "-gencode=arch=compute_75,code=compute_75", "-Xcicc",
+       "-O0", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'ffi/include'}", "-isystem",
+       jax.ffi.include_dir(), str(ROOT / f"ffi/cuda/tests/{source}.cu"), "-o", str(exe)],
+      capture_output=True, text=True)
   assert build.returncode == 0, build.stderr[-4000:]
   run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
   assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

@@ -76,7 +76,9 @@ inline ffi::Error check_quantize_2x(const ffi::AnyBuffer& x, const ffi::AnyBuffe
                                     int32_t mode, int64_t block, int64_t& batch, int64_t& m,
                                     int64_t& k) {
   if (ffi::Error e = check_attrs(format, mode, block); !e.success()) return e;
-  if (!high_precision(x.element_type())) return invalid("quantize_2x needs a bf16, f16 or f32 input");
+  if (!high_precision(x.element_type())) {
+    return invalid("quantize_2x needs a bf16, f16 or f32 input");
+  }
   auto dims = x.dimensions();
   const int64_t rank = dims.size();
   if (rank < 2) return invalid("quantize_2x needs an input of rank >= 2");

@@ -182,8 +182,9 @@ inline unsigned grid_for(int64_t items, int per_sm = 8) {
 // f32, then the integer / f32-add rounding to the element grid), on the host and the device.
 // kCvt: on devices of compute capability 8.9 and up, FP8 pairs by the hardware's
 // cvt.rn.satfinite.{e4m3,e5m2}x2.f32 of x * 2^-e (the same f32 product); FP4 / FP6 (no such
-// instruction before sm_100), older devices and host code use kCodec. bench_kernels.cu proved the instruction equal to codec.h on every finite
-// f32 on an H200 (2026-11-27): the default, 0.87-0.97 of a copy against kCodec's 0.83.
+// instruction before sm_100), older devices and host code use kCodec. bench_kernels.cu
+// proved the instruction equal to codec.h on every finite f32 on an H200 (2026-11-27): the
+// default, 0.87-0.97 of a copy against kCodec's 0.83.
 enum class Enc { kCodec, kCvt };
 constexpr Enc kEncDefault = Enc::kCvt;
 

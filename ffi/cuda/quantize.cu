@@ -252,7 +252,9 @@ ffi::Error Quantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::An
     return e;
   }
   if (x.element_count() == 0) return ffi::Error::Success();
-  auto bytes = [](ffi::Result<ffi::AnyBuffer>& b) { return static_cast<uint8_t*>(b->untyped_data()); };
+  auto bytes = [](ffi::Result<ffi::AnyBuffer>& b) {
+    return static_cast<uint8_t*>(b->untyped_data());
+  };
   dispatch(format, x.element_type(), [&](auto f, auto in) {
     using F = decltype(f);
     using In = decltype(in);
