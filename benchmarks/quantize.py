@@ -207,6 +207,15 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
         f"{where}; roofline = bytes moved per second / the copy's")
   print(f"{'format':28} {'op':6} {'ms':>8} {'Gelem/s':>8} {'roofline':>18} {'XLA path ms':>12} "
         f"{'speedup':>8}")
+
+  def print_row(label, op, t, moved):
+    """One op's line: its best time, rate, roofline fraction (`moved` bytes) and the
+    XLA path's time (`t["xla_" + op]`) with the speedup over it."""
+    frac = ratio(t["copy"], t[op], moved / copy_bytes)
+    base = min(t[f"xla_{op}"])
+    print(f"{label:28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
+          f"{frac:>18} {base * 1e3:12.2f} {base / min(t[op]):7.2f}x", flush=True)
+
   for bf in (BLOCK_FORMATS[name] for name in names):
     a = jax.jit(lambda x, bf=bf: quantize(x, bf))(x)
     code_bytes = a.data.size
@@ -226,11 +235,7 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
       fns[f"xla_{op}"] = compiled_under("xla", f, x, a)
     t = interleaved_times(fns, reps=reps)
     for op, (_, moved) in ops.items():
-      frac = ratio(t["copy"], t[op], moved / copy_bytes)
-      base = min(t[f"xla_{op}"])
-      xla = f"{base * 1e3:12.2f} {base / min(t[op]):7.2f}x"
-      print(f"{str(bf):28} {op:6} {min(t[op]) * 1e3:8.2f} {n / min(t[op]) / 1e9:8.2f} "
-            f"{frac:>18} {xla}", flush=True)
+      print_row(str(bf), op, t, moved)
     if bf.tensor_scale:  # every code depends on x's amax: x is read twice (the amax, then
       # the codes) wherever it outgrows the last-level cache, which caps "row" at
       # moved / (moved + 2n); this line counts both reads, the op's physical floor
@@ -246,10 +251,7 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
   bits = lambda x, seed: ops_lib.random_bits_like(seed, x)  # noqa: E731
   t = interleaved_times({"copy": copy, "bits": compiled_under("ffi", bits, x, seed),
                          "xla_bits": compiled_under("xla", bits, x, seed)}, reps=reps)
-  base = min(t["xla_bits"])
-  print(f"{'SR random bits (uint32)':28} {'bits':6} {min(t['bits']) * 1e3:8.2f} "
-        f"{n / min(t['bits']) / 1e9:8.2f} {ratio(t['copy'], t['bits'], 4 * n / copy_bytes):>18} "
-        f"{base * 1e3:12.2f} {base / min(t['bits']):7.2f}x", flush=True)
+  print_row("SR random bits (uint32)", "bits", t, 4 * n)
 
 
 def main(argv=None):

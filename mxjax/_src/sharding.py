@@ -248,10 +248,10 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
     specs = tuple(pspec if i < leading or a.shape == x_shape else PartitionSpec()
                   for i, a in enumerate(args))
     operands = [jax.sharding.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
-    names = {name for entry in pspec for name in axis_names(entry)}
+    names, fn = _manual_call(op, call, mesh, pspec)
     if not names:
       return op(*operands)
-    return jax.shard_map(op if _auto_left(mesh, names) else call, mesh=mesh, in_specs=specs,
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs,
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
 
@@ -266,11 +266,14 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
   return tuple(results)
 
 
-def _auto_left(mesh, names) -> bool:
-  """Whether `mesh` has Auto axes (of more than one device) besides `names`: a call under
-  `jax.shard_map` over `names` then still needs its Shardy rule for them."""
-  return any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
-             for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
+def _manual_call(op, local, mesh, spec) -> tuple[set, Callable]:
+  """(the mesh axes `spec` names, the call to run under `jax.shard_map` over them): `op`
+  (its Shardy rule) where `mesh` has Auto axes of more than one device besides those,
+  else `local`."""
+  names = {name for entry in spec for name in axis_names(entry)}
+  auto_left = any(t == jax.sharding.AxisType.Auto and mesh.shape[name] > 1
+                  for name, t in zip(mesh.axis_names, mesh.axis_types) if name not in names)
+  return names, op if auto_left else local
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,8 +306,8 @@ def max_over_shards(local: Callable) -> Callable:
     if spec is None:  # no Explicit axis in x's type: the rule above applies
       return op(x)
     mesh = jax.typeof(x).sharding.mesh
-    names = {name for entry in spec for name in axis_names(entry)}
-    return jax.shard_map(pmaxed(op if _auto_left(mesh, names) else local, spec), mesh=mesh,
+    names, fn = _manual_call(op, local, mesh, spec)
+    return jax.shard_map(pmaxed(fn, spec), mesh=mesh,
                          in_specs=PartitionSpec(*spec), out_specs=PartitionSpec(),
                          axis_names=names)(x)
 
@@ -364,10 +367,8 @@ def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
     if spec is None:  # no Explicit axis in x's type: the rule above applies
       return op(seed, base, x)
     mesh = jax.typeof(x).sharding.mesh
-    names = {name for entry in spec for name in axis_names(entry)}
-    fn = per_shard(op if _auto_left(mesh, names) else local, spec,
-                   local_shape(x.shape, mesh, spec))
-    return jax.shard_map(fn, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(),
+    names, fn = _manual_call(op, local, mesh, spec)
+    return jax.shard_map(per_shard(fn, spec, local_shape(x.shape, mesh, spec)), mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(),
                                                   PartitionSpec(*spec)),
                          out_specs=PartitionSpec(*spec), axis_names=names)(seed, base, x)
 
