@@ -6,6 +6,7 @@ and reason about them in float64 outside of XLA (whose CPU threads flush f32 sub
 
 from __future__ import annotations
 
+import functools
 import os
 
 # Eight CPU devices for the sharding tests; must be set before jax is first imported.
@@ -92,6 +93,23 @@ def simd_level(request):
   extension.set_simd(request.param)
   yield request.param
   extension.set_simd(before)
+
+
+# The oracle's programs (mxjax.reference under jit, in the tests) compile at XLA's backend
+# optimization level 0: each runs once or a few times on test-sized inputs, and level 0
+# takes 40-60% off its compile, which is most of an exactness file's time. XLA's CPU code
+# has no fast math at any level (IEEE f32 and integer ops as written), so the oracle's
+# results do not depend on it. The library's programs, the ones under test, keep the default.
+ORACLE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def oracle_jit(fn=None, **jit_kwargs):
+  """`jax.jit` for the oracle's programs (ORACLE_COMPILER_OPTIONS); as jax.jit, a decorator
+  too: `@oracle_jit(static_argnums=1)`."""
+  import jax  # noqa: PLC0415
+  if fn is None:
+    return functools.partial(oracle_jit, **jit_kwargs)
+  return jax.jit(fn, compiler_options=ORACLE_COMPILER_OPTIONS, **jit_kwargs)
 
 
 def bits_of(a) -> np.ndarray:
@@ -291,11 +309,14 @@ def exhaustive_rows(dtype_id: str) -> np.ndarray:
   return np.concatenate([p.reshape(-1, 64) for p in parts])
 
 
+@functools.lru_cache(maxsize=16)
 def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
   """bf16 [rows, cols] whose 32-blocks mix the kinds a vector path must get right: normal
   data at block exponents from 2^-140 to 2^120, runs of all the bf16 bit patterns (NaN,
   Inf, subnormals), zero and signed-zero blocks and subnormal-only blocks; `cols` need not
-  be a multiple of 32. Rows this wide fill the kernels' 16-block SIMD groups."""
+  be a multiple of 32. Rows this wide fill the kernels' 16-block SIMD groups. Read-only and
+  made once per arguments: a 32 MiB one takes 2 s, and each format at each SIMD level asks
+  for the same few."""
   rng = np.random.default_rng(seed)
   whole = cols - cols % 32
   blocks = (rng.standard_normal((rows * whole // 32, 32)) *
@@ -311,4 +332,6 @@ def wide_mixed_blocks(rows: int, cols: int, seed: int = 0) -> np.ndarray:
   tiny = (kind >= 0.3) & (kind < 0.35)
   bits[tiny] = rng.integers(0, 0x80, (tiny.sum(), 32)) | (rng.integers(0, 2, (tiny.sum(), 32)) << 15)
   x = bits.reshape(rows, whole).view(ml_dtypes.bfloat16)
-  return np.concatenate([x, x[:, :cols % 32]], axis=1)
+  x = np.concatenate([x, x[:, :cols % 32]], axis=1)
+  x.flags.writeable = False
+  return x

@@ -56,7 +56,7 @@ def test_xla_path_equals_ffi_kernels_in_separate_processes(tmp_path):
   assert int(xla["custom_calls"]) == 0  # the XLA path compiles to no mxjax custom call
   assert int(ffi["custom_calls"]) > 0  # and the other process really ran the kernels
   keys = sorted(set(xla.files) - {"custom_calls"})
-  assert keys == sorted(set(ffi.files) - {"custom_calls"}) and len(keys) > 1000
+  assert keys == sorted(set(ffi.files) - {"custom_calls"}) and len(keys) > 700
   differ = [k for k in keys if xla[k].shape != ffi[k].shape or not np.array_equal(xla[k], ffi[k])]
   assert not differ, f"{len(differ)} results differ, e.g. {differ[:5]}"
 

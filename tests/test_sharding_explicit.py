@@ -79,9 +79,10 @@ def test_quantize_any_rows_per_device(kind, rows_per_device):
   want_rows, want_cols2 = mxjax.quantize_2x(x, "e4m3")
   with jax.set_mesh(mesh):
     xs = put(x, mesh, P("data", None))
-    cols = jax.jit(lambda x: mxjax.quantize(x, "e4m3", axis=0))(xs)
+    columnwise = lambda x: mxjax.quantize(x, "e4m3", axis=0)  # noqa: E731
+    cols = jax.jit(columnwise)(xs)
     rows, cols2 = jax.jit(mxjax.quantize_2x)(xs)
-    gathers = compiled_collectives(lambda x: mxjax.quantize(x, "e4m3", axis=0), xs)
+    gathers = compiled_collectives(columnwise, xs)  # the program above, not compiled again
   for a, b in ((cols, want_cols), (rows, want_rows), (cols2, want_cols2)):
     np.testing.assert_array_equal(bits(a.data), bits(b.data))
     np.testing.assert_array_equal(bits(a.scales), bits(b.scales))
@@ -133,10 +134,11 @@ def test_matmul_forward_and_grad_shard_as_the_high_precision_program(kind, mode,
     xs, ws = put(x, mesh, xspec), put(w, mesh, wspec)
     y = jax.jit(lambda x, w: mxjax.matmul(x, w, out_sharding=out_spec))(xs, ws)
     hp_y = jax.jit(lambda x, w: hp_dot(x, w, out_spec))(xs, ws)
-    got_loss, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(xs, ws)
-    _, hp_grads = jax.jit(jax.value_and_grad(loss_fn(hp_dot, out_spec), (0, 1)))(xs, ws)
-    ops = compiled_collectives(jax.value_and_grad(loss, (0, 1)), xs, ws)
-    hp_ops = compiled_collectives(jax.value_and_grad(loss_fn(hp_dot, out_spec), (0, 1)), xs, ws)
+    step, hp_step = (jax.value_and_grad(f, (0, 1)) for f in (loss, loss_fn(hp_dot, out_spec)))
+    got_loss, grads = jax.jit(step)(xs, ws)
+    _, hp_grads = jax.jit(hp_step)(xs, ws)
+    ops = compiled_collectives(step, xs, ws)  # the same functions: no second compile
+    hp_ops = compiled_collectives(hp_step, xs, ws)
   np.testing.assert_array_equal(bits(y), bits(want_y))  # each output element: one device
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
   for g, want, primal, hp_g in zip(grads, want_grads, (xs, ws), hp_grads):
@@ -254,8 +256,9 @@ def test_einsum_and_dense_general_on_an_explicit_mesh():
       qs, ks = put(q, mesh, spec), put(k, mesh, spec)
       got = jax.jit(scores)(qs, ks)
       hp = jax.jit(lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k))(qs, ks)
-      grads = jax.jit(jax.grad(loss, (0, 1)))(qs, ks)
-      ops = compiled_collectives(jax.grad(loss, (0, 1)), qs, ks)
+      grad = jax.grad(loss, (0, 1))
+      grads = jax.jit(grad)(qs, ks)
+      ops = compiled_collectives(grad, qs, ks)
       y = jax.jit(layer.apply)(params, put(x, mesh, P("data", None, None)))
   assert spec_of(got) == spec_of(hp) == ("data", "model", None, None)
   np.testing.assert_array_equal(bits(got), bits(want))
@@ -276,9 +279,10 @@ def test_vmap_over_a_sharded_batch_on_an_explicit_mesh():
   with jax.set_mesh(mesh):
     xs = put(x, mesh, P("data", None, "model"))
     ws = put(w, mesh, P("model", None))
-    got = jax.jit(jax.vmap(mxjax.quantize))(xs)
+    batched = jax.vmap(mxjax.quantize)
+    got = jax.jit(batched)(xs)
     y = jax.jit(jax.vmap(lambda x: mxjax.matmul(x, ws, out_sharding=P(None, None))))(xs)
-    ops = compiled_collectives(jax.vmap(mxjax.quantize), xs)
+    ops = compiled_collectives(batched, xs)
   assert spec_of(got.data) == spec_of(got.scales) == ("data", None, "model")
   np.testing.assert_array_equal(bits(got.data), bits(want.data))
   np.testing.assert_array_equal(bits(got.scales), bits(want.scales))
