@@ -14,6 +14,17 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=8").strip()
 
+# The test processes compile XLA's CPU programs at backend optimization level 0 (LLVM's
+# -O0; the HLO passes are the same): on test-sized inputs compiling is about two thirds of
+# the suite's time, and level 0 takes a fifth off the whole. XLA's CPU code has no fast
+# math at any level (IEEE f32 and integer ops as written), so the results are the same
+# bits: test_optimization_level.py compares the library's programs at both levels, and the
+# children (child_env: examples, the sweep's CLI, test_platforms' op surface) run at the
+# default level. A level set in XLA_FLAGS is kept.
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level=0"
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " " + OPT_LEVEL_FLAG
+
 import hypothesis
 import ml_dtypes
 import numpy as np
@@ -93,23 +104,6 @@ def simd_level(request):
   extension.set_simd(request.param)
   yield request.param
   extension.set_simd(before)
-
-
-# The oracle's programs (mxjax.reference under jit, in the tests) compile at XLA's backend
-# optimization level 0: each runs once or a few times on test-sized inputs, and level 0
-# takes 40-60% off its compile, which is most of an exactness file's time. XLA's CPU code
-# has no fast math at any level (IEEE f32 and integer ops as written), so the oracle's
-# results do not depend on it. The library's programs, the ones under test, keep the default.
-ORACLE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
-
-
-def oracle_jit(fn=None, **jit_kwargs):
-  """`jax.jit` for the oracle's programs (ORACLE_COMPILER_OPTIONS); as jax.jit, a decorator
-  too: `@oracle_jit(static_argnums=1)`."""
-  import jax  # noqa: PLC0415
-  if fn is None:
-    return functools.partial(oracle_jit, **jit_kwargs)
-  return jax.jit(fn, compiler_options=ORACLE_COMPILER_OPTIONS, **jit_kwargs)
 
 
 def bits_of(a) -> np.ndarray:
@@ -278,7 +272,8 @@ def child_env(**extra) -> dict:
   import mxjax  # noqa: PLC0415 (after the XLA_FLAGS above)
   home = os.path.dirname(os.path.dirname(os.path.abspath(mxjax.__file__)))
   path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)
-  return {**os.environ, "PYTHONPATH": path, **extra}
+  flags = os.environ["XLA_FLAGS"].replace(OPT_LEVEL_FLAG, "").strip()  # the default level
+  return {**os.environ, "PYTHONPATH": path, "XLA_FLAGS": flags, **extra}
 
 
 def every_code_under_every_scale(fmt: str, block_size: int = 32):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import mxjax
-from conftest import all_bf16_patterns, all_f16_patterns, oracle_jit, special_blocks
+from conftest import all_bf16_patterns, all_f16_patterns, special_blocks
 from mxjax import reference
 from mxjax._src import backend, formats as bfmt, ops, stochastic
 import oracle_layout
@@ -59,7 +59,7 @@ def _kernels(x, bf, axis, rand, ts=None):
           oracle_layout.fake_quantize(x, bf, axis, rand)[0])
 
 
-_oracle_jit = oracle_jit(_oracle, static_argnums=(1, 2))
+_oracle_jit = jax.jit(_oracle, static_argnums=(1, 2))
 _kernels_jit = jax.jit(_kernels, static_argnums=(1, 2))
 _wanted = {}  # the oracle's results, computed once for every SIMD level
 
@@ -134,8 +134,8 @@ def _wide(blocks: np.ndarray, width: int = 1024) -> np.ndarray:
   return flat.reshape(-1, width)
 
 
-_oracle_codes_jit = oracle_jit(lambda x, bf, axis: reference.block_quantize(x, bf, axis=axis)[:2],
-                              static_argnums=(1, 2))
+_oracle_codes_jit = jax.jit(lambda x, bf, axis: reference.block_quantize(x, bf, axis=axis)[:2],
+                            static_argnums=(1, 2))
 
 
 def _assert_2x(x, bf, what=""):
@@ -212,7 +212,7 @@ def test_odd_blocks(name):
     _assert_2x(x, bf)
 
 
-_packed_oracle = oracle_jit(lambda x, bf, axis, a: reference.pack_codes(
+_packed_oracle = jax.jit(lambda x, bf, axis, a: reference.pack_codes(
     reference.block_quantize(x, bf, axis=axis)[0], bf.element, axis=a), static_argnums=(1, 2, 3))
 
 
@@ -373,7 +373,7 @@ def test_two_d_quantize_on_a_mesh():
       np.testing.assert_array_equal(_u(g), _u(w), err_msg=str(kind))
 
 
-_oracle_f32_bits = oracle_jit(reference.to_f32_bits)  # one compile a shape, not one an op
+_oracle_f32_bits = jax.jit(reference.to_f32_bits)  # one compile a shape, not one an op
 
 
 def _oracle_amax(x) -> np.uint32:
@@ -413,7 +413,7 @@ def _amax_cases():
 _AMAX_CASES = _amax_cases()
 _tensor_scale_bits = jax.jit(lambda x: jax.lax.bitcast_convert_type(
     ops.tensor_scale(x, bfmt.NVFP4), jnp.uint32))
-_oracle_tensor_scale = oracle_jit(lambda x: reference.tensor_scale(x, bfmt.NVFP4))
+_oracle_tensor_scale = jax.jit(lambda x: reference.tensor_scale(x, bfmt.NVFP4))
 
 
 @at_every_level

@@ -18,14 +18,13 @@ import pytest
 
 import mxjax
 import oracle_layout
-from conftest import oracle_jit
 from format_cases import RECIPES, assert_bits_equal, every_format, role_formats
 from mxjax import reference
 from mxjax._src import backend, stochastic
 
-_quantize = oracle_jit(reference.block_quantize, static_argnames=("bf", "axis"))
-_dequantize = oracle_jit(reference.block_dequantize,
-                        static_argnames=("bf", "axis", "apply_tensor_scale"))
+_quantize = jax.jit(reference.block_quantize, static_argnames=("bf", "axis"))
+_dequantize = jax.jit(reference.block_dequantize,
+                      static_argnames=("bf", "axis", "apply_tensor_scale"))
 KEY = jax.random.key(42)
 
 
