@@ -115,7 +115,7 @@ inline unsigned grid_of(int64_t blocks) {
   return unsigned(blocks < (1 << 20) ? (blocks > 0 ? blocks : 1) : (1 << 20));
 }
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 // Enqueues the quantization (kFake: fake quantization, f32 out) of x under view v: codes and
 // scales (or out); rand: stochastic-rounding bits of x's shape or nullptr (always, where
 // !kMaybeSR: no kernels with stochastic rounding are compiled then); ts: [1] on the device.

@@ -30,6 +30,15 @@
 #include "xla/ffi/api/ffi.h"
 #endif
 
+// The kernels (__global__) and their launches compile under nvcc except in the host checks
+// (tests/host_check.cu, block_host_check.cu define MXJAX_HOST_CHECK), which run the same
+// __host__ __device__ bodies on the CPU.
+#if defined(__CUDACC__) && !defined(MXJAX_HOST_CHECK)
+#define MXJAX_CUDA_DEVICE 1
+#else
+#define MXJAX_CUDA_DEVICE 0
+#endif
+
 namespace mxjax::cuda {
 
 using mxjax::BF16;

@@ -15,8 +15,10 @@
 // plumbing (ffi/cuda/tests/gpu_check_block.py checks those on a GPU).
 //
 //   J=$(python -c "import jax; print(jax.ffi.include_dir())")
-//   nvcc -std=c++17 -O2 -Iffi -Iffi/include -isystem $J ffi/cuda/tests/block_host_check.cu \
-//     -o /tmp/block_host_check && /tmp/block_host_check
+//   nvcc -std=c++17 -O1 -x c++ -DMXJAX_HD=inline -Iffi -Iffi/include -isystem $J \
+//     ffi/cuda/tests/block_host_check.cu -o /tmp/block_host_check && /tmp/block_host_check
+// (as tests/test_cuda_host_check.py: -x c++ compiles it with the host compiler alone, and
+// MXJAX_HD=inline spares it the forced inlining; plain nvcc builds it too, slower)
 #define MXJAX_ISA_NS scalar  // the CPU kernels below are then cpu::block_kernels_scalar()
 #define MXJAX_HOST_CHECK 1   // the kernels' bodies only: no __global__ functions, no launches
 
