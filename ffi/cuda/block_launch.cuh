@@ -90,7 +90,7 @@ inline ffi::Error check_tensor_scale(const ffi::AnyBuffer& ts) {
 // (each fast kernel is ~15k unrolled SASS instructions, ~2 s of cicc + ptxas apiece).
 template <class F, class In, bool kSR>
 constexpr bool fast_block_kernels() {
-  return !std::is_same_v<In, F16> && (!kSR || F::bits == 4);
+  return fast_input<In>() && (!kSR || F::bits == 4);
 }
 
 // Which kernel quantizes a view (sr: with stochastic rounding): the tile kernel (contiguous

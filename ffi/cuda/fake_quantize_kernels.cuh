@@ -190,17 +190,19 @@ void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t st
   with_block(block, [&](auto bc) {
     constexpr int B = decltype(bc)::value;
     if (a.inner == 1) {
-      if (a.n % B == 0 && aligned16(a.x) && aligned16(a.out)) {
-        constexpr int L = fq_row_lanes<In, Out, B, kLanes>();
-        fake_quantize_rows_kernel<F, In, Out, B, L, E>
-            <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
-      } else {
-        fake_quantize_rows_generic_kernel<F, In, Out>
-            <<<grid_for(a.outer * cdiv(a.n, B)), kThreads, 0, stream>>>(a, B);
+      if constexpr (fast_input<In>()) {  // (f16: the element-by-element kernel)
+        if (a.n % B == 0 && aligned16(a.x) && aligned16(a.out)) {
+          constexpr int L = fq_row_lanes<In, Out, B, kLanes>();
+          fake_quantize_rows_kernel<F, In, Out, B, L, E>
+              <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
+          return;
+        }
       }
+      fake_quantize_rows_generic_kernel<F, In, Out>
+          <<<grid_for(a.outer * cdiv(a.n, B)), kThreads, 0, stream>>>(a, B);
       return;
     }
-    constexpr int V = tile_cols<In, B, kTileBytes>();
+    constexpr int V = fast_input<In>() ? tile_cols<In, B, kTileBytes>() : 1;  // (f16: 1)
     if (V > 1 && a.inner % V == 0 && aligned16(a.x) && aligned16(a.out)) {
       fake_quantize_cols_kernel<F, In, Out, B, V, E>
           <<<grid_for(a.outer * cdiv(a.n, B) * (a.inner / V)), kThreads, 0, stream>>>(a);

@@ -185,17 +185,19 @@ void launch_quantize(const QuantizeArgs<In>& a, int block, cudaStream_t stream) 
   with_block(block, [&](auto bc) {
     constexpr int B = decltype(bc)::value;
     if (a.inner == 1) {
-      if (a.n % B == 0 && aligned16(a.x) && aligned16(a.data)) {
-        constexpr int L = row_lanes<F, In, B, kLanes>();
-        quantize_rows_kernel<F, In, B, L, E>
-            <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
-      } else {
-        quantize_rows_generic_kernel<F, In>
-            <<<grid_for(a.outer * cdiv(a.n, B)), kThreads, 0, stream>>>(a, B);
+      if constexpr (fast_input<In>()) {  // (f16: the element-by-element kernel)
+        if (a.n % B == 0 && aligned16(a.x) && aligned16(a.data)) {
+          constexpr int L = row_lanes<F, In, B, kLanes>();
+          quantize_rows_kernel<F, In, B, L, E>
+              <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
+          return;
+        }
       }
+      quantize_rows_generic_kernel<F, In>
+          <<<grid_for(a.outer * cdiv(a.n, B)), kThreads, 0, stream>>>(a, B);
       return;
     }
-    constexpr int V = tile_cols<In, B, kTileBytes>();
+    constexpr int V = fast_input<In>() ? tile_cols<In, B, kTileBytes>() : 1;  // (f16: 1)
     const bool vec = a.inner % V == 0 && aligned16(a.x) && aligned16(a.data) &&
                      aligned16(a.scales);
     if (V > 1 && vec) {
