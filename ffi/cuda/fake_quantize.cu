@@ -29,9 +29,10 @@ void with_out_dtype(ffi::DataType dtype, Fn&& fn) {
 namespace mxjax::cuda {
 
 // The launches of one input dtype (every format, output dtype and block size). The library
-// build compiles each input dtype in its own translation unit (fake_quantize_{bf16,f16,
-// f32}.cu define MXJAX_FAKE_QUANTIZE_INPUT), so nvcc's work spreads over the cores; a
-// single-translation-unit build (without MXJAX_CUDA_SPLIT_UNITS) instantiates them here.
+// build compiles bf16's and f32's in translation units of their own (fake_quantize_{bf16,
+// f32}.cu define MXJAX_FAKE_QUANTIZE_INPUT), so nvcc's work spreads over the cores; f16's
+// (only the slow kernels: fast_input) and, in a build without MXJAX_CUDA_SPLIT_UNITS, all
+// of them are instantiated here.
 template <class In>
 void fake_quantize_input(int32_t format, ffi::DataType out_type, const void* x, int64_t outer,
                          int64_t n, int64_t inner, int32_t mode, void* out, int block,
@@ -54,7 +55,6 @@ void fake_quantize_input(int32_t format, ffi::DataType out_type, const void* x, 
                                               int64_t, int64_t, int32_t, void*, int,        \
                                               cudaStream_t);
 MXJAX_FQ_DECLARE(BF16)
-MXJAX_FQ_DECLARE(F16)
 MXJAX_FQ_DECLARE(F32)
 #undef MXJAX_FQ_DECLARE
 #endif
