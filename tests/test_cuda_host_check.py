@@ -21,7 +21,7 @@ NVCC = shutil.which("nvcc")
 # launches compile only under nvcc's CUDA front end, MXJAX_CUDA_DEVICE), so nvcc compiles
 # them as C++ (-x c++: the host compiler with the CUDA headers; no cudafe++, no cicc), with
 # MXJAX_HD plain `inline` rather than forced inlining (far less code to generate), at a low
-# host optimization where the run stays short. That takes these two tests from about 125 s
+# host optimization where the run stays short. That takes these two tests from about 100 s
 # to about 50 s of a 2-core machine (the library's build compiles the device code for real).
 def _check(tmp_path, source: str, host_opt: str, timeout: int):
   exe = tmp_path / source
