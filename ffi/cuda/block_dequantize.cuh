@@ -197,7 +197,7 @@ struct DequantizeCols {
   }
 };
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 template <class K>
 __global__ void __launch_bounds__(256) dequantize_blocks_kernel(const typename K::Args a) {
   for (int64_t it = blockIdx.x; it < a.regions; it += gridDim.x) K::run(a, it, threadIdx.x);

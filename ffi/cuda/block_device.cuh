@@ -13,14 +13,6 @@
 #include "cuda/device.cuh"
 #include "mxjax/block_codec.h"
 
-// The kernels (__global__) and their launches compile under nvcc except in the host check
-// (tests/block_host_check.cu), which runs the same bodies on the CPU.
-#if defined(__CUDACC__) && !defined(MXJAX_HOST_CHECK)
-#define MXJAX_BLOCK_DEVICE 1
-#else
-#define MXJAX_BLOCK_DEVICE 0
-#endif
-
 namespace mxjax::cuda {
 
 // Elements per segment: 8 codes are whole packing groups of every format (F::bits bytes).
@@ -305,11 +297,13 @@ MXJAX_HD uint32_t decode_stored(uint32_t code, const StoredScale& s, Sig ts, flo
 // ---------------------------------------------------------------------------------------
 // Reductions across the lanes of a warp (the host check emulates them between phases)
 
+#if MXJAX_CUDA_DEVICE
 // The max of v over aligned groups of `width` lanes (a power of two <= 32), in every lane.
 __device__ __forceinline__ uint32_t group_max(uint32_t v, int width) {
   for (int off = width / 2; off > 0; off /= 2) v = umax(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;
 }
+#endif
 
 // a / d for a divisor d fixed per launch: a shift where d is a power of two.
 struct Divisor {

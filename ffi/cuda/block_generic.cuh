@@ -99,7 +99,7 @@ struct GenericKernel {
   }
 };
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 template <class F, class In, bool kFake>
 __global__ void __launch_bounds__(256) generic_kernel(const typename GenericKernel<F, In, kFake>::Args a) {
   const int64_t tiles = a.v.tiles();

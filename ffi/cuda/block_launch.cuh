@@ -83,15 +83,29 @@ inline ffi::Error check_tensor_scale(const ffi::AnyBuffer& ts) {
   return ffi::Error::Success();
 }
 
-// Which kernel quantizes a view: the tile kernel (contiguous tiles of 8 <= b, b a power of
-// two), the panel kernel (b x 1 tiles along a strided axis, b a multiple of 8), else the
-// generic one (kNone where no kernel can pack the codes: a block splits a packing group).
+// Which (format, input, rounding) the fast kernels (tiles, panels) are compiled for: bf16
+// and f32 inputs, nearest even for every format, stochastic rounding for FP4 (E2M1: the
+// NVFP4 / MXFP4 gradients). The rest (f16 inputs, stochastic rounding of FP6 / FP8) runs the
+// generic kernel: the same bytes, slower (a thread per tile), and ~130 s less CPU to build
+// (each fast kernel is ~15k unrolled SASS instructions, ~2 s of cicc + ptxas apiece).
+template <class F, class In, bool kSR>
+constexpr bool fast_block_kernels() {
+  return fast_input<In>() && (!kSR || F::bits == 4);
+}
+
+// Which kernel quantizes a view (sr: with stochastic rounding): the tile kernel (contiguous
+// tiles of 8 <= b, b a power of two), the panel kernel (b x 1 tiles along a strided axis, b
+// a multiple of 8), both only where fast_block_kernels, else the generic one (kNone where no
+// kernel can pack the codes: a block splits a packing group).
 enum class BlockKernel { kTiles, kPanels, kGeneric, kNone };
 
 template <class F, class In, bool kFake>
-BlockKernel block_kernel_for(const BlockView& v) {
-  if (!v.pack_rows && TileKernel<F, In, false, kFake>::takes(v)) return BlockKernel::kTiles;
-  if (v.pack_rows && v.tc == 1 && PanelKernel<F, In, false, kFake, false>::takes(v.tr)) {
+BlockKernel block_kernel_for(const BlockView& v, bool sr = false) {
+  const bool fast = sr ? fast_block_kernels<F, In, true>() : fast_block_kernels<F, In, false>();
+  if (fast && !v.pack_rows && TileKernel<F, In, false, kFake>::takes(v)) {
+    return BlockKernel::kTiles;
+  }
+  if (fast && v.pack_rows && v.tc == 1 && PanelKernel<F, In, false, kFake, false>::takes(v.tr)) {
     return BlockKernel::kPanels;
   }
   return GenericKernel<F, In, kFake>::takes(v) ? BlockKernel::kGeneric : BlockKernel::kNone;
@@ -101,7 +115,7 @@ inline unsigned grid_of(int64_t blocks) {
   return unsigned(blocks < (1 << 20) ? (blocks > 0 ? blocks : 1) : (1 << 20));
 }
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 // Enqueues the quantization (kFake: fake quantization, f32 out) of x under view v: codes and
 // scales (or out); rand: stochastic-rounding bits of x's shape or nullptr (always, where
 // !kMaybeSR: no kernels with stochastic rounding are compiled then); ts: [1] on the device.
@@ -115,23 +129,26 @@ ffi::Error launch_block_quantize(cudaStream_t stream, const BlockView& v,
   const bool out_aligned = (!rand || aligned16(rand)) && (!out || aligned16(out));
   auto with_sr = [&](auto sr) {
     constexpr bool kSR = decltype(sr)::value;
-    if (!v.pack_rows) {
-      using K = TileKernel<F, In, kSR, kFake>;
-      auto a = K::make(v, x, rand, ts, x_aligned, out_aligned, codes, scales, out);
-      tile_kernel<F, In, kSR, kFake><<<grid_of(a.regions), K::kThreads, 0, stream>>>(a);
-    } else {
-      using K = PanelKernel<F, In, kSR, kFake, false>;
-      auto a = K::make(v.batch, v.rows, v.cols, int(v.tr), v.scale, v.mode, x, rand, ts,
-                       x_aligned, out_aligned, codes, scales, out);
-      panel_kernel<F, In, kSR, kFake, false>
-          <<<grid_of(cdiv(a.panels, a.p)), a.threads(), 0, stream>>>(a);
+    if constexpr (fast_block_kernels<F, In, kSR>()) {  // (only these kernels are compiled)
+      if (!v.pack_rows) {
+        using K = TileKernel<F, In, kSR, kFake>;
+        auto a = K::make(v, x, rand, ts, x_aligned, out_aligned, codes, scales, out);
+        tile_kernel<F, In, kSR, kFake><<<grid_of(a.regions), K::kThreads, 0, stream>>>(a);
+      } else {
+        using K = PanelKernel<F, In, kSR, kFake, false>;
+        auto a = K::make(v.batch, v.rows, v.cols, int(v.tr), v.scale, v.mode, x, rand, ts,
+                         x_aligned, out_aligned, codes, scales, out);
+        panel_kernel<F, In, kSR, kFake, false>
+            <<<grid_of(cdiv(a.panels, a.p)), a.threads(), 0, stream>>>(a);
+      }
     }
   };
-  switch (block_kernel_for<F, In, kFake>(v)) {
+  const bool sr = kMaybeSR && rand;
+  switch (block_kernel_for<F, In, kFake>(v, sr)) {
     case BlockKernel::kTiles:
     case BlockKernel::kPanels:
       if constexpr (kMaybeSR) {
-        if (rand) {
+        if (sr) {
           with_sr(std::true_type{});
           break;
         }

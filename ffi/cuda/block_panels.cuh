@@ -266,7 +266,7 @@ struct PanelKernel {
   }
 };
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 template <class F, class In, bool kSR, bool kFake, bool kRows>
 __global__ void __launch_bounds__(256, 2)
 panel_kernel(const typename PanelKernel<F, In, kSR, kFake, kRows>::Args a) {

@@ -2,8 +2,9 @@
 // attributes of the CPU handler (ffi/cpu/block_ffi.cc): x [..., M, K] (bf16 / f16 / f32) and
 // tensor_scale -> row codes (packed along K) and scales (1 x b blocks along K), column codes
 // (packed along M) and scales (b x 1 blocks along M), b dividing 512, nearest even. For
-// 16 <= b <= 128 one kernel reads x once (block_panels.cuh, kRows); otherwise the rows and
-// the columns are two launches (of block_quantize.cu's kernels: launch_block_quantize_rn).
+// 16 <= b <= 128 one kernel reads x once (block_panels.cuh, kRows; bf16 / f32 inputs);
+// otherwise the rows and the columns are two launches (of block_quantize.cu's kernels:
+// launch_block_quantize_rn; f16 inputs: the generic kernel, see fast_block_kernels).
 #include "cuda/block_handlers.h"
 #include "cuda/block_launch.cuh"
 
@@ -56,13 +57,16 @@ ffi::Error BlockQuantize2x(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
     using In = decltype(in);
     const auto* xp = static_cast<const typename In::T*>(x.untyped_data());
     using K = PanelKernel<F, In, false, false, true>;
-    if (K::takes(block_cols)) {
-      auto a = K::make(col.batch, col.rows, col.cols, int(block_cols), scale, mode, xp, nullptr,
-                       t, aligned16(xp), true, cc, col_scales->untyped_data(), nullptr);
-      a.row_codes = rc, a.row_scales = row_scales->untyped_data();
-      panel_kernel<F, In, false, false, true>
-          <<<grid_of(cdiv(a.panels, a.p)), a.threads(), 0, stream>>>(a);
-      return;
+    if constexpr (fast_block_kernels<F, In, false>()) {  // (f16: the two launches, generic)
+      if (K::takes(block_cols)) {
+        auto a = K::make(col.batch, col.rows, col.cols, int(block_cols), scale, mode, xp,
+                         nullptr, t, aligned16(xp), true, cc, col_scales->untyped_data(),
+                         nullptr);
+        a.row_codes = rc, a.row_scales = row_scales->untyped_data();
+        panel_kernel<F, In, false, false, true>
+            <<<grid_of(cdiv(a.panels, a.p)), a.threads(), 0, stream>>>(a);
+        return;
+      }
     }
     err = launch_block_quantize_rn(stream, format, x.element_type(), row, xp, t, rc,
                                    row_scales->untyped_data());

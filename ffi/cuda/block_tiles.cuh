@@ -197,7 +197,7 @@ struct TileKernel {
   }
 };
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 template <class F, class In, bool kSR, bool kFake>
 __global__ void __launch_bounds__(256, 3)
 tile_kernel(const typename TileKernel<F, In, kSR, kFake>::Args a) {

@@ -30,6 +30,15 @@
 #include "xla/ffi/api/ffi.h"
 #endif
 
+// The kernels (__global__) and their launches compile under nvcc except in the host checks
+// (tests/host_check.cu, block_host_check.cu define MXJAX_HOST_CHECK), which run the same
+// __host__ __device__ bodies on the CPU.
+#if defined(__CUDACC__) && !defined(MXJAX_HOST_CHECK)
+#define MXJAX_CUDA_DEVICE 1
+#else
+#define MXJAX_CUDA_DEVICE 0
+#endif
+
 namespace mxjax::cuda {
 
 using mxjax::BF16;
@@ -195,6 +204,16 @@ constexpr int kRowLanesDefault =
     F::bits == 8 && kEncDefault == Enc::kCvt && sizeof(typename In::T) == 2 ? 4 : 1;
 // Threads per block of a rowwise fake_quantize (1: 0.48-0.59 of a copy; 4: 0.42).
 constexpr int kFakeRowLanesDefault = 1;
+// Which input types the fast kernels are compiled for: bf16 and f32. f16 inputs (rare) run
+// the slow paths of the same ops, same bytes: the MX quantize / fake_quantize's element-by-
+// element rows and one-column tiles, the block formats' generic kernel (block_launch.cuh).
+// Each fast kernel is compiled per input type (and format, block, output): f16's took
+// ~36 s of the MX units' compile CPU, and more of the block units' (ffi/cuda/README.md).
+template <class In>
+constexpr bool fast_input() {
+  return !std::is_same_v<In, F16>;
+}
+
 // Bytes of input a thread of a columnwise quantize / fake_quantize keeps in registers
 // (block rows x columns x sizeof(T)): 256 = 32 rows x 4 bf16 (8-byte loads).
 constexpr int kColTileBytesDefault = 256;

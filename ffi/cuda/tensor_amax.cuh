@@ -44,7 +44,7 @@ MXJAX_HD uint32_t amax_segments(const AmaxArgs<In>& a, int64_t first, int64_t st
   return m;
 }
 
-#if MXJAX_BLOCK_DEVICE
+#if MXJAX_CUDA_DEVICE
 template <class In>
 __global__ void __launch_bounds__(256) tensor_amax_kernel(AmaxArgs<In> a, uint32_t* out) {
   __shared__ uint32_t warps[kThreads / 32];

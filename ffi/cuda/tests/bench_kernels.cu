@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/dequantize.cu"
-#include "cuda/fake_quantize.cu"
-#include "cuda/quantize.cu"
+#include "cuda/dequantize_kernels.cuh"
+#include "cuda/fake_quantize_kernels.cuh"
+#include "cuda/quantize_kernels.cuh"
 #include "cuda/tests/reference_kernels.cuh"
 
 namespace mxjax::cuda {

@@ -15,8 +15,10 @@
 // plumbing (ffi/cuda/tests/gpu_check_block.py checks those on a GPU).
 //
 //   J=$(python -c "import jax; print(jax.ffi.include_dir())")
-//   nvcc -std=c++17 -O2 -Iffi -Iffi/include -isystem $J ffi/cuda/tests/block_host_check.cu \
-//     -o /tmp/block_host_check && /tmp/block_host_check
+//   nvcc -std=c++17 -O1 -x c++ -DMXJAX_HD=inline -Iffi -Iffi/include -isystem $J \
+//     ffi/cuda/tests/block_host_check.cu -o /tmp/block_host_check && /tmp/block_host_check
+// (as tests/test_cuda_host_check.py: -x c++ compiles it with the host compiler alone, and
+// MXJAX_HD=inline spares it the forced inlining; plain nvcc builds it too, slower)
 #define MXJAX_ISA_NS scalar  // the CPU kernels below are then cpu::block_kernels_scalar()
 #define MXJAX_HOST_CHECK 1   // the kernels' bodies only: no __global__ functions, no launches
 
@@ -220,13 +222,15 @@ void emulate_quantize(BlockKernel which, const BlockView& v, const typename In::
                       uint32_t* out) {
   auto with_sr = [&](auto sr) {
     constexpr bool kSR = decltype(sr)::value;
-    if (which == BlockKernel::kTiles) {
-      using K = TileKernel<F, In, kSR, kFake>;
-      run_tiles<K>(K::make(v, x, rand, ts, true, true, codes, scales, out));
-    } else {
-      using K = PanelKernel<F, In, kSR, kFake, false>;
-      run_panels<K>(K::make(v.batch, v.rows, v.cols, int(v.tr), v.scale, v.mode, x, rand, ts,
-                            true, true, codes, scales, out));
+    if constexpr (fast_block_kernels<F, In, kSR>()) {  // (as the library: only these)
+      if (which == BlockKernel::kTiles) {
+        using K = TileKernel<F, In, kSR, kFake>;
+        run_tiles<K>(K::make(v, x, rand, ts, true, true, codes, scales, out));
+      } else {
+        using K = PanelKernel<F, In, kSR, kFake, false>;
+        run_panels<K>(K::make(v.batch, v.rows, v.cols, int(v.tr), v.scale, v.mode, x, rand, ts,
+                              true, true, codes, scales, out));
+      }
     }
   };
   if (which == BlockKernel::kGeneric) {
@@ -240,11 +244,12 @@ void emulate_quantize(BlockKernel which, const BlockView& v, const typename In::
   }
 }
 
-// The kernels that take v (quantize, or kFake fake_quantize); the launch's choice first.
+// The kernels that take v (quantize, or kFake fake_quantize; sr: stochastic rounding); the
+// launch's choice first.
 template <class F, class In, bool kFake>
-std::vector<BlockKernel> kernels_for(const BlockView& v) {
+std::vector<BlockKernel> kernels_for(const BlockView& v, bool sr) {
   std::vector<BlockKernel> ks;
-  const BlockKernel first = block_kernel_for<F, In, kFake>(v);
+  const BlockKernel first = block_kernel_for<F, In, kFake>(v, sr);
   if (first == BlockKernel::kNone) return ks;
   ks.push_back(first);
   if (first != BlockKernel::kGeneric && GenericKernel<F, In, kFake>::takes(v) &&
@@ -325,7 +330,7 @@ void check_quantize(const Layout& l, int32_t kind, int32_t mode, const std::vect
   cpu_k.dequantize(p, 0, cpu::units(p));
 
   // The CUDA kernels' bodies.
-  const auto qs = kernels_for<F, In, false>(v);
+  const auto qs = kernels_for<F, In, false>(v, sr);
   if (qs.empty()) ++refused;
   for (BlockKernel k : qs) {
     std::vector<uint8_t> got(packed.size(), 0xAB), got_scales(scales.size(), 0xAB);
@@ -335,7 +340,7 @@ void check_quantize(const Layout& l, int32_t kind, int32_t mode, const std::vect
     expect_equal(got_scales, scales, (kind_name + " scales").c_str());
     expect_equal(got, packed, (kind_name + " codes").c_str());
   }
-  for (BlockKernel k : kernels_for<F, In, true>(v)) {
+  for (BlockKernel k : kernels_for<F, In, true>(v, sr)) {
     std::vector<uint32_t> got(n, 0xABABABABu);
     emulate_quantize<F, In, true>(k, v, x.data(), r, ts, nullptr, nullptr, got.data());
     expect_equal(got, fake, k == BlockKernel::kGeneric ? "generic fake" : "fake");
@@ -436,7 +441,7 @@ void check_quantize_2x(const std::vector<int64_t>& dims, int64_t b, int32_t kind
   std::vector<uint8_t> got_rc(want_rc.size(), 0xAB), got_rs(rs.size(), 0xAB);
   std::vector<uint8_t> got_cc(want_cc.size(), 0xAB), got_cs(cs.size(), 0xAB);
   using K = PanelKernel<F, In, false, false, true>;
-  if (K::takes(b)) {
+  if (fast_block_kernels<F, In, false>() && K::takes(b)) {
     auto a = K::make(col.batch, col.rows, col.cols, int(b), kind, mode, x.data(), nullptr, ts, true,
                      true, got_cc.data(), got_cs.data(), nullptr);
     a.row_codes = got_rc.data(), a.row_scales = got_rs.data();

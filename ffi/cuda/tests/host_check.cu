@@ -11,9 +11,14 @@
 // instructions of Enc::kCvt and of f16 widening (the GPU checks do: gpu_check.py,
 // bench_kernels.cu).
 //
-//   J=$(python -c "import jax; print(jax.ffi.include_dir())")
-//   nvcc -std=c++17 -O2 -Iffi -Iffi/include -isystem $J ffi/cuda/tests/host_check.cu \
-//     -o /tmp/host_check && /tmp/host_check
+//   nvcc -std=c++17 -O0 -x c++ -DMXJAX_HD=inline -Iffi -Iffi/include \
+//     ffi/cuda/tests/host_check.cu -o /tmp/host_check && /tmp/host_check
+// (as tests/test_cuda_host_check.py: -x c++ compiles it with the host compiler alone, and
+// MXJAX_HD=inline spares it the forced inlining; plain nvcc builds it too, slower)
+// The kernels' bodies only (no __global__ kernels, launches, handlers or XLA headers).
+#define MXJAX_HOST_CHECK 1
+#define MXJAX_CUDA_KERNELS_ONLY 1
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -21,9 +26,9 @@
 #include <random>
 #include <vector>
 
-#include "cuda/dequantize.cu"
-#include "cuda/fake_quantize.cu"
-#include "cuda/quantize.cu"
+#include "cuda/dequantize_kernels.cuh"
+#include "cuda/fake_quantize_kernels.cuh"
+#include "cuda/quantize_kernels.cuh"
 #include "cuda/scale_swizzle.h"
 
 namespace mxjax::cuda {
@@ -315,14 +320,26 @@ void check_swizzle() {
   }
 }
 
+// Calls fn(In{}) for input dtype i: bf16, f16, f32.
+template <class Fn>
+void with_input(int i, Fn&& fn) {
+  switch (i) {
+    case 0: return fn(BF16{});
+    case 1: return fn(F16{});
+    default: return fn(F32{});
+  }
+}
+
 template <class Fn>
 void each_case(Fn&& fn) {
   for (int fmt = 0; fmt < 5; ++fmt) {
-    for (auto dt : {ffi::DataType::BF16, ffi::DataType::F16, ffi::DataType::F32}) {
+    for (int dt = 0; dt < 3; ++dt) {
       for (int block : {16, 32, 64}) {
         for (int mode : {0, 1}) {
-          dispatch(fmt, dt, [&](auto f, auto in) {
-            with_block(block, [&](auto bc) { fn(f, in, bc, mode); });
+          with_format(fmt, [&](auto f) {
+            with_input(dt, [&](auto in) {
+              with_block(block, [&](auto bc) { fn(f, in, bc, mode); });
+            });
           });
         }
       }

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <cstring>
 
+#ifndef MXJAX_HD  // (the CUDA host checks define it without forced inlining: faster builds)
 #ifdef __CUDACC__
 #define MXJAX_HD __host__ __device__ __forceinline__
 #else
 #define MXJAX_HD inline __attribute__((always_inline))
+#endif
 #endif
 
 // Code compiled for several ISAs (ffi/cpu/kernels.cc) gets one inline namespace per ISA,

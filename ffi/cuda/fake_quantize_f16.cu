@@ -1,4 +1,0 @@
-// mxjax_fake_quantize's launches for f16 inputs, in a translation unit of their own (see
-// fake_quantize.cu: nvcc then compiles the three input dtypes on three cores).
-#define MXJAX_FAKE_QUANTIZE_INPUT F16
-#include "cuda/fake_quantize.cu"
