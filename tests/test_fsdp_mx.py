@@ -80,8 +80,8 @@ def test_fsdp_step_gathers_mx_codes_not_bf16():
         got = step(sharded, xs)
     # sums over the batch (the loss, the bias gradient) add the shards in another order;
     # the bf16 reference's gradient, rounded to bf16 from f32 GEMMs tiled differently on a
-    # shard, may come out one bf16 ulp apart (2^-8 of the value)
-    tol = {"rtol": 1e-5, "atol": 1e-9} if enabled else {"rtol": 2.0 ** -8, "atol": 1e-9}
+    # shard, may come out one bf16 ulp apart (at most 2^-7 of the value)
+    tol = {"rtol": 1e-5, "atol": 1e-9} if enabled else {"rtol": 2.0 ** -7, "atol": 1e-9}
     for a, b in ((got[0], want[0]), (got[2][0], want[2][0])):
       np.testing.assert_allclose(a, b, **tol)
     for a, b in ((got[1], want[1]), (got[2][1], want[2][1])):  # the output, x's gradient
