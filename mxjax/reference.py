@@ -7,6 +7,9 @@ XLA CPU runs with FTZ/DAZ set, so no float arithmetic touches a value here: inpu
 widened to f32 *bit patterns* (uint32), and every rounding (to the element grid, to f32,
 to bf16 / f16) is one integer routine, `round_to_grid`: significand, shift, round half to
 even. A magnitude is carried as `sig * 2**exp2` with an unsigned integer `sig`.
+
+The quantize / dequantize functions are jitted (one compile per format, axis and block),
+so that called eagerly they run as one program, not op by op.
 """
 
 from __future__ import annotations
@@ -454,6 +457,7 @@ def _e4m3_value(code):
   return _normalize(jnp.where(ef > 0, man | 8, man), jnp.maximum(ef.astype(_I32), 1) - 10)
 
 
+@functools.partial(jax.jit, static_argnames=("bf",))
 def tensor_scale(x, bf) -> jax.Array:
   """The FP32 tensor (encode) scale of x, f32 bits (uint32 scalar): elem_max * 448 /
   amax over x's finite elements, at most FLT_MAX; 1.0 where that amax is 0."""
@@ -465,6 +469,7 @@ def tensor_scale(x, bf) -> jax.Array:
   return jnp.where(amax == 0, _U32(0x3F800000), bits)
 
 
+@functools.partial(jax.jit, static_argnames=("bf", "axis"))
 def block_quantize(x, bf, *, axis: int = -1, rand=None, tensor_scale_bits=None):
   """Quantizes x (bf16 / f16 / f32) to the block format `bf` (`mxjax.block_format`).
 
@@ -534,6 +539,7 @@ def block_quantize(x, bf, *, axis: int = -1, rand=None, tensor_scale_bits=None):
           _scale_layout(scales, bf.block, axis), ts)
 
 
+@functools.partial(jax.jit, static_argnames=("bf", "axis", "apply_tensor_scale"))
 def block_dequantize(codes, scales, tensor_scale_bits, bf, *, axis: int = -1,
                      apply_tensor_scale: bool = True) -> jax.Array:
   """Decodes `block_quantize`'s output to f32: `code * d` (RNE to 24 bits), divided by the
