@@ -204,6 +204,14 @@ constexpr int kRowLanesDefault =
     F::bits == 8 && kEncDefault == Enc::kCvt && sizeof(typename In::T) == 2 ? 4 : 1;
 // Threads per block of a rowwise fake_quantize (1: 0.48-0.59 of a copy; 4: 0.42).
 constexpr int kFakeRowLanesDefault = 1;
+// Threads per block of rows (quantize, fake_quantize) for the requested L: 1 where B / L
+// elements would not fill whole 16-byte loads or whole code words.
+template <class In, int B, int L>
+constexpr int row_lanes() {
+  constexpr int S = B / L;
+  return (L >= 1 && B % L == 0 && S * sizeof(typename In::T) % 16 == 0 && S % 2 == 0 &&
+          L <= 32) ? L : 1;
+}
 // Which input types the fast kernels are compiled for: bf16 and f32. f16 inputs (rare) run
 // the slow paths of the same ops, same bytes: the MX quantize / fake_quantize's element-by-
 // element rows and one-column tiles, the block formats' generic kernel (block_launch.cuh).

@@ -176,13 +176,6 @@ __global__ void __launch_bounds__(kThreads) fake_quantize_cols_kernel(FakeArgs<I
 // ---------------------------------------------------------------------------------------
 // Launch (also used by tests/bench_kernels.cu with other variants).
 
-template <class In, class Out, int B, int L>
-constexpr int fq_row_lanes() {
-  constexpr int S = B / L;
-  return (L >= 1 && B % L == 0 && S * sizeof(typename In::T) % 16 == 0 && S % 2 == 0 &&
-          L <= 32) ? L : 1;
-}
-
 #if MXJAX_CUDA_DEVICE
 template <class F, class In, class Out, int kLanes = kFakeRowLanesDefault,
           int kTileBytes = kColTileBytesDefault, Enc E = kEncDefault>
@@ -192,7 +185,7 @@ void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t st
     if (a.inner == 1) {
       if constexpr (fast_input<In>()) {  // (f16: the element-by-element kernel)
         if (a.n % B == 0 && aligned16(a.x) && aligned16(a.out)) {
-          constexpr int L = fq_row_lanes<In, Out, B, kLanes>();
+          constexpr int L = row_lanes<In, B, kLanes>();
           fake_quantize_rows_kernel<F, In, Out, B, L, E>
               <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
           return;

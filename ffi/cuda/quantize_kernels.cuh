@@ -169,15 +169,6 @@ __global__ void __launch_bounds__(kThreads) quantize_cols_kernel(QuantizeArgs<In
 // ---------------------------------------------------------------------------------------
 // Launch (also used by tests/bench_kernels.cu with other variants).
 
-// Threads per block of rows for the requested L: 1 where B / L elements would not fill
-// whole 16-byte loads or whole code words.
-template <class F, class In, int B, int L>
-constexpr int row_lanes() {
-  constexpr int S = B / L;
-  return (L >= 1 && B % L == 0 && S * sizeof(typename In::T) % 16 == 0 && S % 2 == 0 &&
-          L <= 32) ? L : 1;
-}
-
 #if MXJAX_CUDA_DEVICE
 template <class F, class In, int kLanes = kRowLanesDefault<F, In>,
           int kTileBytes = kColTileBytesDefault, Enc E = kEncDefault>
@@ -187,7 +178,7 @@ void launch_quantize(const QuantizeArgs<In>& a, int block, cudaStream_t stream) 
     if (a.inner == 1) {
       if constexpr (fast_input<In>()) {  // (f16: the element-by-element kernel)
         if (a.n % B == 0 && aligned16(a.x) && aligned16(a.data)) {
-          constexpr int L = row_lanes<F, In, B, kLanes>();
+          constexpr int L = row_lanes<In, B, kLanes>();
           quantize_rows_kernel<F, In, B, L, E>
               <<<grid_for(a.outer * a.n / (B / L)), kThreads, 0, stream>>>(a);
           return;

@@ -186,9 +186,9 @@ void check_quantize(const std::vector<typename In::T>& x, int64_t outer, int64_t
   };
   if (inner == 1) {
     if (n % B == 0) {
-      run("rows L=1", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 1>(), Enc::kCodec>(a); });
-      run("rows L=2", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 2>(), Enc::kCodec>(a); });
-      run("rows L=4 cvt", [](auto& a) { run_rows<F, In, B, row_lanes<F, In, B, 4>(), Enc::kCvt>(a); });
+      run("rows L=1", [](auto& a) { run_rows<F, In, B, row_lanes<In, B, 1>(), Enc::kCodec>(a); });
+      run("rows L=2", [](auto& a) { run_rows<F, In, B, row_lanes<In, B, 2>(), Enc::kCodec>(a); });
+      run("rows L=4 cvt", [](auto& a) { run_rows<F, In, B, row_lanes<In, B, 4>(), Enc::kCvt>(a); });
     }
     run("rows generic", [](auto& a) {
       for (int64_t i = 0; i < a.outer * cdiv(a.n, B); ++i) rows_generic_block<F, In>(a, B, i);
@@ -259,7 +259,7 @@ void check_fake_quantize(const std::vector<typename In::T>& x, int64_t outer, in
                  std::to_string(sizeof(typename Out::T)), F::id, B, mode, outer, n, inner);
   };
   auto rows = [&](auto lc, auto ec) {
-    constexpr int L = fq_row_lanes<In, Out, B, decltype(lc)::value>();
+    constexpr int L = row_lanes<In, B, decltype(lc)::value>();
     constexpr Enc E = decltype(ec)::value;
     run(L == 1 ? "rows L=1" : L == 2 ? "rows L=2" : "rows L=4", [](auto& a) {
       using P = FqRowPlan<In, Out, B, L>;
