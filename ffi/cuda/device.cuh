@@ -222,6 +222,14 @@ constexpr bool fast_input() {
   return !std::is_same_v<In, F16>;
 }
 
+// Which (input, output) pairs the MX fake_quantize's fast kernels are compiled for: fast
+// inputs to bf16 or f32 (a model's own dtype, or f32 master weights to bf16). An f16 output
+// (rare from a bf16 / f32 input) runs the same slow paths as f16 inputs, same bytes.
+template <class In, class Out>
+constexpr bool fast_fake_quantize() {
+  return fast_input<In>() && !std::is_same_v<Out, F16>;
+}
+
 // Bytes of input a thread of a columnwise quantize / fake_quantize keeps in registers
 // (block rows x columns x sizeof(T)): 256 = 32 rows x 4 bf16 (8-byte loads).
 constexpr int kColTileBytesDefault = 256;

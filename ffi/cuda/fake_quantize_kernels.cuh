@@ -183,7 +183,7 @@ void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t st
   with_block(block, [&](auto bc) {
     constexpr int B = decltype(bc)::value;
     if (a.inner == 1) {
-      if constexpr (fast_input<In>()) {  // (f16: the element-by-element kernel)
+      if constexpr (fast_fake_quantize<In, Out>()) {  // (f16: the element-by-element kernel)
         if (a.n % B == 0 && aligned16(a.x) && aligned16(a.out)) {
           constexpr int L = row_lanes<In, B, kLanes>();
           fake_quantize_rows_kernel<F, In, Out, B, L, E>
@@ -195,7 +195,7 @@ void launch_fake_quantize(const FakeArgs<In, Out>& a, int block, cudaStream_t st
           <<<grid_for(a.outer * cdiv(a.n, B)), kThreads, 0, stream>>>(a, B);
       return;
     }
-    constexpr int V = fast_input<In>() ? tile_cols<In, B, kTileBytes>() : 1;  // (f16: 1)
+    constexpr int V = fast_fake_quantize<In, Out>() ? tile_cols<In, B, kTileBytes>() : 1;
     if (V > 1 && a.inner % V == 0 && aligned16(a.x) && aligned16(a.out)) {
       fake_quantize_cols_kernel<F, In, Out, B, V, E>
           <<<grid_for(a.outer * cdiv(a.n, B) * (a.inner / V)), kThreads, 0, stream>>>(a);
