@@ -13,8 +13,6 @@ from mxjax._src import formats as bfmt, hadamard, stochastic
 import oracle_layout
 from mxjax._src.formats import BlockFormat, ScaleFormat
 
-_quantize = jax.jit(reference.block_quantize, static_argnames=("bf", "axis"))
-_dequantize = jax.jit(reference.block_dequantize, static_argnames=("bf", "axis"))
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
 
 
@@ -36,11 +34,11 @@ def test_nvfp4_oracle_matches_te_scale_math():
   x = np.zeros((2, 16), np.float32)
   x[0, :4] = [3.0, 1.0, -0.74, 0.2]  # tensor amax 3: S = 896, block scale 3/6*896 = 448
   x[1, :3] = [0.3, 0.1, -0.05]  # block scale 0.05*896 = 44.8 -> e4m3 44 (RNE: grid step 4)
-  codes, scales, ts = _quantize(jnp.asarray(x), bfmt.NVFP4)
+  codes, scales, ts = reference.block_quantize(jnp.asarray(x), bfmt.NVFP4)
   assert np.float32(np.asarray(ts).view(np.float32)) == np.float32(896.0)
   e4m3 = np.asarray(jax.lax.bitcast_convert_type(scales, jnp.float8_e4m3fn).astype(jnp.float32))
   np.testing.assert_array_equal(e4m3, [[448.0], [44.0]])
-  y = np.asarray(_dequantize(codes, scales, ts, bfmt.NVFP4))
+  y = np.asarray(reference.block_dequantize(codes, scales, ts, bfmt.NVFP4))
   # Row 0: x * 896 / 448 = 2x -> [6, 2, -1.48 -> -1.5, 0.4 -> 0.5]; decoded / 2.
   np.testing.assert_array_equal(y[0, :4], [3.0, 1.0, -0.75, 0.25])
   # Row 1: m = f32(896 / 44); x * m rounded to the E2M1 grid; decoded * 44 / 896.
@@ -57,10 +55,10 @@ def test_fp8_block_pow2_oracle():
   """Power-of-two FP32 scales: m = 2**floor(log2(448 / amax)), stored 1/m."""
   x = np.zeros((1, 200), np.float32)
   x[0, 0], x[0, 1], x[0, 130] = 3.0, 1.1, 0.001
-  codes, scales, _ = _quantize(jnp.asarray(x), bfmt.FP8_1X128)
+  codes, scales, _ = reference.block_quantize(jnp.asarray(x), bfmt.FP8_1X128)
   d = np.asarray(scales).view(np.float32)
   np.testing.assert_array_equal(d, [[1 / 128, 2.0 ** -18]])  # 448/3 -> 128; 448/0.001 -> 2**18
-  y = np.asarray(_dequantize(codes, scales, None, bfmt.FP8_1X128))
+  y = np.asarray(reference.block_dequantize(codes, scales, None, bfmt.FP8_1X128))
   assert y[0, 0] == 3.0 and y[0, 1] == np.float32(ml_e4m3(1.1 * 128) / 128)
 
 

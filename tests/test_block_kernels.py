@@ -134,8 +134,6 @@ def _wide(blocks: np.ndarray, width: int = 1024) -> np.ndarray:
   return flat.reshape(-1, width)
 
 
-_oracle_codes_jit = jax.jit(lambda x, bf, axis: reference.block_quantize(x, bf, axis=axis)[:2],
-                            static_argnums=(1, 2))
 
 
 def _assert_2x(x, bf, what=""):
@@ -144,7 +142,7 @@ def _assert_2x(x, bf, what=""):
   for axis, got in ((-1, rows), (-2, cols)):
     key = (bf, "2x", axis, what, x.shape, x.dtype)
     if key not in _wanted:
-      _wanted[key] = [_u(w) for w in _oracle_codes_jit(x, bf, axis)]
+      _wanted[key] = [_u(w) for w in reference.block_quantize(x, bf, axis=axis)[:2]]
     for w, g in zip(_wanted[key], got):
       np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} 2x axis {axis} {what}")
 
@@ -246,7 +244,8 @@ def test_quantize_2x_equals_the_oracle_both_ways(name):
     x = _awkward_3d(dtype)
     key = (bf, "2x", x.dtype)
     if key not in _wanted:
-      _wanted[key] = [[_u(a) for a in _oracle_codes_jit(x, bf, axis)] for axis in (-1, -2)]
+      _wanted[key] = [[_u(a) for a in reference.block_quantize(x, bf, axis=axis)[:2]]
+                      for axis in (-1, -2)]
     rows, cols, ts = _quantize_2x_jit(x, bf)
     for what, want, got in (("rows", _wanted[key][0], rows), ("columns", _wanted[key][1], cols)):
       for w, g in zip(want, got):
@@ -267,7 +266,7 @@ def test_quantize_2x_of_blocks_the_kernel_does_not_take():
   x = _awkward((48, 96), jnp.float32)
   (rc, rs), (cc, cs), _ = oracle_layout.quantize_2x(x, bf)
   for (codes, scales), axis in (((rc, rs), -1), ((cc, cs), 0)):
-    want = _oracle_codes_jit(x, bf, axis)
+    want = reference.block_quantize(x, bf, axis=axis)[:2]
     np.testing.assert_array_equal(_u(codes), _u(want[0]))
     np.testing.assert_array_equal(_u(scales), _u(want[1]))
 
@@ -289,9 +288,9 @@ def test_the_kernels_run():
 def test_under_vmap_the_ops_equal_the_oracle():
   x = _awkward_3d(jnp.float32)
   got = jax.vmap(lambda x: oracle_layout.fake_quantize(x, bfmt.NVFP4, -1)[0])(x)
-  one = jax.jit(lambda xi: reference.block_dequantize(*reference.block_quantize(xi, bfmt.NVFP4),
-                                                     bfmt.NVFP4, apply_tensor_scale=False))
-  want = jnp.stack([one(xi) for xi in x])  # the oracle of each example alone
+  want = jnp.stack([reference.block_dequantize(*reference.block_quantize(xi, bfmt.NVFP4),
+                                               bfmt.NVFP4, apply_tensor_scale=False)
+                    for xi in x])
   np.testing.assert_array_equal(_u(got), _u(want))
 
 
@@ -361,8 +360,8 @@ def test_two_d_quantize_on_a_mesh():
   """2-D tiles' quantize and dequantize take a sharded operand whole (Auto and Explicit
   axes) and equal the oracle."""
   x = _awkward((64, 45), jnp.float32)  # 64 rows: 8 per device, half a tile
-  want = jax.jit(lambda x: reference.block_quantize(x, bfmt.NVFP4_2D))(x)
-  want_deq = jax.jit(lambda *q: reference.block_dequantize(*q, bfmt.NVFP4_2D))(*want)
+  want = reference.block_quantize(x, bfmt.NVFP4_2D)
+  want_deq = reference.block_dequantize(*want, bfmt.NVFP4_2D)
   for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
     mesh = jax.make_mesh((8,), ("d",), axis_types=(kind,))
     xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
@@ -413,7 +412,6 @@ def _amax_cases():
 _AMAX_CASES = _amax_cases()
 _tensor_scale_bits = jax.jit(lambda x: jax.lax.bitcast_convert_type(
     ops.tensor_scale(x, bfmt.NVFP4), jnp.uint32))
-_oracle_tensor_scale = jax.jit(lambda x: reference.tensor_scale(x, bfmt.NVFP4))
 
 
 @at_every_level
@@ -426,7 +424,7 @@ def test_tensor_amax_equals_the_oracle():
     got = amax(x)
     assert got.dtype == jnp.uint32 and got.shape == (), name
     assert np.uint32(got) == _oracle_amax(x), (name, x.dtype, hex(int(got)))
-    assert int(_tensor_scale_bits(x)) == int(_oracle_tensor_scale(x)), name
+    assert int(_tensor_scale_bits(x)) == int(reference.tensor_scale(x, bfmt.NVFP4)), name
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")

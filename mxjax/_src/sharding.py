@@ -368,8 +368,8 @@ def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
       return op(seed, base, x)
     mesh = jax.typeof(x).sharding.mesh
     names, fn = _manual_call(op, local, mesh, spec)
-    return jax.shard_map(per_shard(fn, spec, local_shape(x.shape, mesh, spec)), mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(),
-                                                  PartitionSpec(*spec)),
+    return jax.shard_map(per_shard(fn, spec, local_shape(x.shape, mesh, spec)), mesh=mesh,
+                         in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(*spec)),
                          out_specs=PartitionSpec(*spec), axis_names=names)(seed, base, x)
 
   return run
