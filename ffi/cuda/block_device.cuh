@@ -294,17 +294,6 @@ MXJAX_HD uint32_t decode_stored(uint32_t code, const StoredScale& s, Sig ts, flo
   return s.nan ? kF32QNaN : v;
 }
 
-// ---------------------------------------------------------------------------------------
-// Reductions across the lanes of a warp (the host check emulates them between phases)
-
-#if MXJAX_CUDA_DEVICE
-// The max of v over aligned groups of `width` lanes (a power of two <= 32), in every lane.
-__device__ __forceinline__ uint32_t group_max(uint32_t v, int width) {
-  for (int off = width / 2; off > 0; off /= 2) v = umax(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-  return v;
-}
-#endif
-
 // a / d for a divisor d fixed per launch: a shift where d is a power of two.
 struct Divisor {
   int64_t d;

@@ -392,6 +392,15 @@ MXJAX_HD uint32_t raw_amax_f32(uint32_t acc) {
   return In::widen(typename In::T(umax(acc & 0xFFFFu, acc >> 16)));
 }
 
+#if MXJAX_CUDA_DEVICE
+// The max of v over aligned groups of `width` lanes (a power of two <= 32), in every lane
+// (the host checks emulate it between phases).
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int width) {
+  for (int off = width / 2; off > 0; off /= 2) v = umax(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  return v;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Block scales and element codes.
 

@@ -82,10 +82,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QuantizeArgs<In
        t += int64_t(gridDim.x) * blockDim.x) {
     uint32_t w[P::kInWords];
     uint32_t amax = rows_load<F, In, B, L>(a, t, segs, w);
-#pragma unroll
-    for (int off = L / 2; off > 0; off /= 2) {
-      amax = umax(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    }
+    amax = group_max(amax, L);  // over the L lanes of a block
     if (t < segs) rows_store<F, In, B, L, E>(a, t, w, amax);
   }
 }
