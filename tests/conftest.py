@@ -14,18 +14,36 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=8").strip()
 
-# The test processes compile XLA's CPU programs at backend optimization level 0 (LLVM's
-# -O0): on test-sized inputs compiling is about two thirds of a test's time, and level 0
-# took a fifth off the CPU time of three large test files (460 s -> 365 s). The library's
-# quantization is elementwise IEEE and integer arithmetic (XLA's CPU code has no fast math
-# at any level), so its bits do not depend on the level: test_optimization_level.py
-# compares them. XLA's own f32 GEMMs and sums may round apart between levels, as between
-# shardings; the tests compare those within tolerances. The children (child_env: examples,
-# the sweep's CLI, test_platforms' op surface) run at the default level. A level set in
-# XLA_FLAGS is kept.
-OPT_LEVEL_FLAG = "--xla_backend_optimization_level=0"
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " " + OPT_LEVEL_FLAG
+# The test processes compile XLA's CPU programs fast: at backend optimization level 0
+# (LLVM's -O0) and with XLA's older CPU emitters (`--xla_cpu_use_fusion_emitters=false`).
+# On test-sized inputs compiling is most of a test's time: level 0 took a fifth off three
+# large test files' CPU time (460 s -> 365 s), the older emitters half of what was left
+# in test_block_kernels (135 s -> 71 s). The library's quantization is elementwise IEEE
+# and integer arithmetic (XLA's CPU code has no fast math in either), so its bits do not
+# depend on these: test_optimization_level.py compares them with XLA's defaults. XLA's own
+# f32 GEMMs and sums may round apart between the two, as between shardings; the tests
+# compare those within tolerances. The children (child_env: examples, the sweep's CLI,
+# test_platforms' op surface, the docs) run with XLA's defaults. A setting in XLA_FLAGS
+# is kept; an XLA that no longer knows a flag (it would abort) is not given it.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def _xla_knows(flag: str) -> bool:
+  """Whether this jaxlib's XLA accepts `flag` (those of jaxlib 0.10 are known; another
+  version is asked in a child process, as an unknown flag aborts)."""
+  from importlib import metadata  # noqa: PLC0415
+  if metadata.version("jaxlib").startswith("0.10."):
+    return True
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"],
+                         env={**os.environ, "XLA_FLAGS": flag}, capture_output=True)
+  return probe.returncode == 0
+
+
+for _flag in FAST_COMPILE_FLAGS:
+  if _flag.split("=")[0] not in os.environ["XLA_FLAGS"] and _xla_knows(_flag):
+    os.environ["XLA_FLAGS"] += " " + _flag
 
 import hypothesis
 import ml_dtypes
@@ -274,7 +292,8 @@ def child_env(**extra) -> dict:
   import mxjax  # noqa: PLC0415 (after the XLA_FLAGS above)
   home = os.path.dirname(os.path.dirname(os.path.abspath(mxjax.__file__)))
   path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)
-  flags = os.environ["XLA_FLAGS"].replace(OPT_LEVEL_FLAG, "").strip()  # the default level
+  flags = " ".join(f for f in os.environ["XLA_FLAGS"].split()
+                   if f not in FAST_COMPILE_FLAGS)  # XLA's defaults
   return {**os.environ, "PYTHONPATH": path, "XLA_FLAGS": flags, **extra}
 
 

@@ -1,9 +1,10 @@
-"""The suite compiles XLA's CPU programs at backend optimization level 0 (conftest.py); the
-library's quantization gives the same bits at XLA's default level. Checked on the
+"""The suite compiles XLA's CPU programs at backend optimization level 0 with XLA's older
+CPU emitters (conftest.py); the library's quantization gives the same bits with XLA's
+defaults (level 3, the fusion emitters). Checked on the
 plain-XLA path and on the kernels' path: quantize, quantize_2x, dequantize and
 fake_quantize of each format family on every bf16 pattern and special blocks (stochastic
 rounding, the tensor scale, 2-D tiles). (XLA's own f32 GEMMs and sums may round apart
-between the levels, as they do between shardings: tests compare those within tolerances.)"""
+between the two, as they do between shardings: tests compare those within tolerances.)"""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ import mxjax
 from conftest import all_bf16_patterns, bits_of, special_blocks
 from mxjax._src import backend
 
-DEFAULT_LEVEL = {"xla_backend_optimization_level": 3}  # XLA's own default
+XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 FORMATS = (mxjax.mx("e4m3"), mxjax.mx("e3m2", scale_mode="floor"), mxjax.nvfp4(),
            mxjax.nvfp4(two_d=True), mxjax.fp8_block(pow2=False))
 
 
 def _at_both_levels(fn, *args):
-  """fn's jitted results at this process's level and at the default one, as bits. The
+  """fn's jitted results as this process compiles and with XLA's defaults, as bits. The
   compiler options are part of the compile cache's key: two compiles."""
   return [[bits_of(a) for a in jax.tree.leaves(jax.jit(fn, **options)(*args))]
-          for options in ({}, {"compiler_options": DEFAULT_LEVEL})]
+          for options in ({}, {"compiler_options": XLA_DEFAULTS})]
 
 
 def _ops(x, key):
