@@ -272,9 +272,11 @@ def test_quantize_2x_of_blocks_the_kernel_does_not_take():
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
-def test_the_kernels_run():
-  """The compiled programs call the block kernels (their results are the custom calls')."""
-  x = jnp.ones((64, 64), jnp.bfloat16)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_the_kernels_run(dtype):
+  """The compiled programs call the block kernels (their results are the custom calls'),
+  f16 inputs too: widened to f32 (the kernels are compiled for bf16 and f32)."""
+  x = jnp.ones((64, 64), dtype)
   rand = jnp.zeros((64, 64), jnp.uint32)
   for bf in (bfmt.NVFP4, bfmt.MXFP8_2D):
     text = jax.jit(lambda x, r, bf=bf: (oracle_layout.quantize(x, bf, -1, r),
@@ -283,6 +285,8 @@ def test_the_kernels_run():
     assert "mxjax_block_quantize" in text and "mxjax_block_fake_quantize" in text
   text = jax.jit(lambda x: oracle_layout.quantize_2x(x, bfmt.NVFP4)).lower(x).compile().as_text()
   assert "mxjax_block_quantize_2x" in text
+  if dtype == jnp.float16:
+    assert "f32[64,64]{1,0} convert(" in text
 
 
 def test_under_vmap_the_ops_equal_the_oracle():

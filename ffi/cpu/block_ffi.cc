@@ -1,6 +1,7 @@
 // XLA FFI handlers (platform "cpu") of the block-scaled formats: mxjax_block_quantize,
 // mxjax_block_quantize_2x, mxjax_block_dequantize and mxjax_block_fake_quantize
-// (mxjax/block_ops.py calls them).
+// (mxjax/_src/ops.py calls them). Inputs are bf16 or f32: ops widens f16 to f32 first
+// (exact), so the kernels are compiled for two input types.
 //
 // Attributes: format (element id), scale (ScaleKind), scale_mode, block_rows, block_cols
 // ((1, b): 1-D blocks along `axis`; (b, b): 2-D tiles over the last two axes), axis.
@@ -110,7 +111,9 @@ ffi::Error input_view(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuf
                       int64_t block_rows, int64_t block_cols, int64_t axis,
                       bool stochastic_rounding, BlockProblem& p) {
   auto dtype = high_precision(x.element_type());
-  if (!dtype) return invalid(std::string(op) + " needs a bf16, f16 or f32 input");
+  if (!dtype || *dtype == kF16) {  // f16 inputs come widened to f32 (mxjax._src.ops)
+    return invalid(std::string(op) + " needs a bf16 or f32 input");
+  }
   p.x = x.untyped_data(), p.dtype = *dtype;
   if (auto e = block_view(x.dimensions(), format, scale, mode, block_rows, block_cols, axis, p);
       !e.success()) {

@@ -35,14 +35,26 @@ _NO_BITS = np.zeros((1,), np.uint32)  # the rand operand without stochastic roun
 
 
 def per_platform(target: str, ffi_fn, xla_fn, *args):
-  """`ffi_fn(*args)` lowered for the platforms whose kernels are in use and have
-  `target`, `xla_fn(*args)` for every other platform."""
+  """`ffi_fn(*args)` (a dict: `ffi_fn[platform](*args)`) lowered for the platforms whose
+  kernels are in use and have `target`, `xla_fn(*args)` for every other platform."""
   platforms = [p for p in backend.ffi_platforms() if backend.uses_kernel(p, target)]
   if not platforms:
     return xla_fn(*args)
   extension.load()
+  fns = ffi_fn if isinstance(ffi_fn, dict) else dict.fromkeys(platforms, ffi_fn)
   return jax.lax.platform_dependent(*args, default=xla_fn, **{
-      p: _varying_like(ffi_fn, args) for p in platforms})
+      p: _varying_like(fns[p], args) for p in platforms})
+
+
+def _block_kernel(ffi_fn) -> dict:
+  """{platform: `ffi_fn`} for a call of x (its first argument) to a block-format kernel:
+  the CPU kernels are compiled for bf16 and f32 inputs, so they get f16 widened to f32
+  (exact; a third input type would cost a third more of their build)."""
+
+  def cpu(x, *args):
+    return ffi_fn(x.astype(jnp.float32) if x.dtype == jnp.float16 else x, *args)
+
+  return {"cpu": cpu, "cuda": ffi_fn}
 
 
 def _varying_like(ffi_fn, args):
@@ -175,16 +187,20 @@ def _quantize_op(fmt: BlockFormat, axis: int, sr: bool):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
     return codec.quantize(x, fmt, axis, rand if sr else None, ts)[:2]
 
+  mx = fmt.mx_kernels and not sr
+
   def ffi(x, rand, ts):
     data, scales = quantized_types(x.shape, fmt, axis)
-    if fmt.mx_kernels and not sr:
+    if mx:
       return jax.ffi.ffi_call("mxjax_quantize", (data, scales))(x, **_mx_attrs(fmt, axis))
     codes, s = jax.ffi.ffi_call("mxjax_block_quantize", (_raw(data), _raw(scales)))(
         x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
     return _from_raw(codes, data), _from_raw(s, scales)
 
-  target = "mxjax_quantize" if fmt.mx_kernels and not sr else "mxjax_block_quantize"
-  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,), "quantize")
+  target = "mxjax_quantize" if mx else "mxjax_block_quantize"
+  kernel = ffi if mx else _block_kernel(ffi)
+  call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (axis,),
+                      "quantize")
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
@@ -214,7 +230,9 @@ def _quantize_2x_op(fmt: BlockFormat):
 
   target = "mxjax_quantize_2x" if fmt.mx_kernels else (
       "mxjax_block_quantize_2x" if 512 % fmt.block_size == 0 else "")
-  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (-1, -2), "quantize")
+  kernel = ffi if fmt.mx_kernels else _block_kernel(ffi)
+  call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (-1, -2),
+                      "quantize")
   return _op(call, "mxjax.quantize_2x",
              lambda in_batched, x, ts: _quantize_2x_op(fmt)(x, ts))  # batch axes lead
 
@@ -285,7 +303,8 @@ def _fake_quantize_op(fmt: BlockFormat, axis: int, sr: bool, dtype):
     return to_dtype(out, dtype)
 
   target = "mxjax_fake_quantize" if mx else "mxjax_block_fake_quantize"
-  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,),
+  kernel = ffi if mx else _block_kernel(ffi)
+  call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (axis,),
                       "fake_quantize")
 
   def batched(in_batched, x, rand, ts):

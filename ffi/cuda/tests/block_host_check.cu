@@ -275,6 +275,25 @@ int32_t cpu_dtype() {
   return In::widen(0x3C00) == 0x3F800000u ? cpu::kF16 : cpu::kBF16;  // f16 1.0 or not
 }
 
+// The CPU block kernels' input for x: bf16 and f32 as they are, f16 widened to f32 bits
+// (exact), as mxjax widens it: those kernels are compiled for bf16 and f32 inputs.
+template <class In>
+struct CpuInput {
+  std::vector<uint32_t> widened;
+  const void* x;
+  int32_t dtype;
+
+  explicit CpuInput(const std::vector<typename In::T>& in) {
+    const bool f16 = cpu_dtype<In>() == cpu::kF16;
+    if (f16) {
+      for (auto v : in) widened.push_back(In::widen(v));
+    }
+    x = f16 ? static_cast<const void*>(widened.data()) : in.data();
+    dtype = f16 ? cpu::kF32 : cpu_dtype<In>();
+  }
+  CpuInput(const CpuInput&) = delete;
+};
+
 // ---------------------------------------------------------------------------------------
 // Cases
 
@@ -313,8 +332,9 @@ void check_quantize(const Layout& l, int32_t kind, int32_t mode, const std::vect
   const int sb = scale_bytes(kind);
 
   // The CPU kernels.
+  const CpuInput<In> cpu_x(x);
   cpu::BlockProblem p = cpu_problem(v, F::id);
-  p.x = x.data(), p.dtype = cpu_dtype<In>();
+  p.x = cpu_x.x, p.dtype = cpu_x.dtype;
   p.rand = r, p.tensor_scale = ts_bits;
   std::vector<uint8_t> packed(packed_bytes<F>(v)), scales(v.tiles() * sb);
   std::vector<uint32_t> fake(n), deq(n), deq_ts(n);
@@ -430,8 +450,9 @@ void check_quantize_2x(const std::vector<int64_t>& dims, int64_t b, int32_t kind
   cpu::BlockPair pair{cpu_problem(row, F::id), cpu_problem(col, F::id)};
   std::vector<uint8_t> rc(packed_bytes<F>(row)), rs(row.tiles() * sb);
   std::vector<uint8_t> cc(packed_bytes<F>(col)), cs(col.tiles() * sb);
+  const CpuInput<In> cpu_x(x);
   for (cpu::BlockProblem* p : {&pair.row, &pair.col}) {
-    p->x = x.data(), p->tensor_scale = ts_bits, p->dtype = cpu_dtype<In>();
+    p->x = cpu_x.x, p->tensor_scale = ts_bits, p->dtype = cpu_x.dtype;
   }
   pair.row.codes = rc.data(), pair.row.scales = rs.data();
   pair.col.codes = cc.data(), pair.col.scales = cs.data();
