@@ -217,7 +217,11 @@ def _train(lib, recipe, steps=60):
   params = lib.params()
   opt_state = opt.init(params)
   with mxjax.autocast(enabled=recipe is not None, recipe=recipe):
-    report = mxjax.coverage(jax.grad(loss), params, _sequences(jax.random.key(0)))
+    with warnings.catch_warnings(record=True) as said:  # off: coverage says no recipe is on
+      warnings.simplefilter("always")
+      report = mxjax.coverage(jax.grad(loss), params, _sequences(jax.random.key(0)))
+    assert any("outside an enabled mxjax.autocast" in str(w.message) for w in said) == (
+        recipe is None)
     for i in range(steps):
       params, opt_state, value = step(params, opt_state, jax.random.key(i))
   return float(value), len([p for p in report.products if p.mx])
