@@ -134,8 +134,6 @@ def _wide(blocks: np.ndarray, width: int = 1024) -> np.ndarray:
   return flat.reshape(-1, width)
 
 
-
-
 def _assert_2x(x, bf, what=""):
   """quantize_2x's rows and columns against the oracle's quantize along each axis."""
   rows, cols, _ = _quantize_2x_jit(x, bf)
