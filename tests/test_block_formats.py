@@ -167,12 +167,61 @@ def test_rht_cancels_along_the_contraction():
   assert (h @ h.T == 16 * np.eye(16)).all()
 
 
+def _flush(v: np.ndarray) -> np.ndarray:
+  """f32 subnormals as zeros of their sign."""
+  return np.where(np.abs(v) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), v), v)
+
+
+def _butterfly(runs: np.ndarray, signs: np.ndarray) -> np.ndarray:
+  """The transform's definition in numpy f32 (IEEE, flushed by hand): [k, n] runs with
+  their signs, the stages h = 1, 2, ..., n / 2 (i, i + h -> sum, difference), then the
+  factor f32(1 / sqrt(n)), every result flushed."""
+  v = _flush(runs.astype(np.float32) * signs.astype(np.float32))
+  n = v.shape[1]
+  h = 1
+  with np.errstate(over="ignore", invalid="ignore"):  # sums of f32's max; Inf - Inf
+    while h < n:
+      for i in range(n):
+        if not i & h:
+          a, b = v[:, i].copy(), v[:, i + h].copy()
+          v[:, i], v[:, i + h] = _flush(a + b), _flush(a - b)
+      h *= 2
+  return _flush(v * np.float32(1 / np.sqrt(n)))
+
+
+@pytest.mark.parametrize("n", [2, 16, 64])
+def test_rht_is_the_butterfly_in_f32_with_subnormals_flushed(n):
+  """`hadamard.rht` in XLA gives the bits of the butterfly written out in numpy: random
+  runs over 60 binades (sums that round), runs of subnormals and of values whose sums
+  fall below 2^-126, of f32's max (sums that overflow), of +-0, one NaN or one Inf."""
+  rng = np.random.default_rng(n)
+  k = 64
+  x = (rng.standard_normal((k, n)) * np.exp2(rng.integers(-30, 30, (k, n)))).astype(np.float32)
+  tiny = np.finfo(np.float32).tiny
+  x[0] = rng.uniform(-1, 1, n) * tiny  # subnormals: flushed on the way in
+  x[1] = tiny * (1 + rng.integers(0, 4, n) / 8) * rng.choice([-1, 1], n)  # tiny differences
+  x[2] = np.finfo(np.float32).max
+  x[3] = -0.0
+  x[4, n // 2], x[5, 0] = np.nan, -np.inf
+  x[6] = 0.0
+  signs = hadamard.rht_signs(9, "w", n)
+  got = np.asarray(jax.jit(lambda a: hadamard.rht(a, 1, signs))(jnp.asarray(x)))
+  want = _butterfly(x, signs)
+  np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)],
+                                want.view(np.uint32)[~np.isnan(want)])
+  assert np.isnan(got[np.isnan(want)]).all() and np.isnan(want[4]).all()
+  assert not np.isfinite(want[2]).all() and (want[0] == 0).all()
+  h = hadamard.hadamard(n) * signs[None, :] / np.sqrt(n)  # the matrix it multiplies by
+  np.testing.assert_allclose(got[7:], x[7:].astype(np.float64) @ h.T, rtol=1e-6,
+                             atol=1e-6 * np.abs(x[7:]).max())
+
+
 @pytest.mark.parametrize("fmt", [bfmt.NVFP4, bfmt.mx("e4m3", 16)], ids=["nvfp4", "mxfp8_16"])
 @pytest.mark.parametrize("sr", [False, True], ids=["nearest", "sr"])
-def test_rht_quantized_from_the_transform_rows_equals_quantizing_the_moved_rows(fmt, sr):
-  """The product's q(R x, M) quantizes the transform's rows along their last axis and
-  moves the packed codes and scales into place: the bytes, scales, tensor scale and SR
-  bits of quantizing `rht(x)` along M (batch dims, M padded from 40 to 48, bf16 and f32)."""
+def test_the_products_rht_quantized_equals_quantizing_the_transform(fmt, sr):
+  """The product's q(R x, M) (the transform fused into the quantize where the kernels
+  are in use): the bytes, scales, tensor scale and SR bits of quantizing `rht(x)` along M
+  (batch dims, M padded from 40 to 48, bf16 and f32)."""
   from mxjax._src import ops, product
 
   signs = hadamard.rht_signs(1, "layer", 16)

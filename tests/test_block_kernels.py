@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import mxjax
-from conftest import all_bf16_patterns, all_f16_patterns, special_blocks
+from conftest import all_bf16_patterns, all_f16_patterns, bits_of, special_blocks
 from mxjax import reference
-from mxjax._src import backend, formats as bfmt, ops, stochastic
+from mxjax._src import backend, codec, formats as bfmt, hadamard, ops, stochastic
 import oracle_layout
 from mxjax._src.formats import BlockFormat, ScaleFormat
 from sharding_helpers import compiled_collectives
@@ -267,6 +267,64 @@ def test_quantize_2x_of_blocks_the_kernel_does_not_take():
     want = reference.block_quantize(x, bf, axis=axis)[:2]
     np.testing.assert_array_equal(_u(codes), _u(want[0]))
     np.testing.assert_array_equal(_u(scales), _u(want[1]))
+
+
+RHT_FORMATS = {  # name: (format, the transform's n): runs of 16 (the fast path) and others
+    "nvfp4": (bfmt.NVFP4, 16), "mxfp4": (bfmt.mx("e2m1"), 16),
+    "mxfp8_16": (bfmt.mx("e4m3", 16), 16), "nvfp4_rht8": (bfmt.NVFP4, 8),
+    "e4m3_fp32_1x16_rht2": (BlockFormat("e4m3", ScaleFormat.FP32, (1, 16)), 2),
+}
+
+
+def _rht_xla(x, bf, signs, rand):
+  """The plain-XLA path: the transform along axis 1, its tensor scale, the codec."""
+  y = hadamard.rht(x, 1, signs)
+  ts = codec.tensor_scale(codec.tensor_amax(y), bf) if bf.tensor_scale else None
+  return (*codec.quantize(y, bf, 1, rand, ts)[:2], ts)
+
+
+@at_every_level
+@pytest.mark.parametrize("name", sorted(RHT_FORMATS))
+def test_the_rht_kernels_equal_the_xla_path(name):
+  """mxjax_rht_quantize and mxjax_rht_amax (the transform fused into the column quantize
+  and the tensor amax) give the codes, scales and tensor scale of quantizing
+  `hadamard.rht(x)` in XLA: bf16 / f16 / f32, a batch dim, widths that end in a partial
+  vector, a last block shorter than the others (MXFP4's 32 over 48 rows), runs of NaN, Inf,
+  zeros and subnormals (flushed), nearest even and stochastic."""
+  bf, n = RHT_FORMATS[name]
+  signs = hadamard.rht_signs(5, "layer", n)
+  fused = jax.jit(lambda x, r: ops.quantize_raw(x, bf, 1, r, rht=signs))
+  plain = jax.jit(lambda x, r: _rht_xla(x, bf, signs, r))
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    for x in (_awkward_3d(dtype), jnp.swapaxes(_awkward_3d(dtype), 1, 2)):  # [2, 37 | 45, ..]
+      x = hadamard.padded(x, 1, 16)
+      for sr in (False, True):
+        rand = stochastic.random_bits(jnp.asarray([7, 8], jnp.uint32), x.shape) if sr else None
+        for what, g, w in zip(("codes", "scales", "tensor scale"), fused(x, rand),
+                              plain(x, rand)):
+          if w is not None:
+            np.testing.assert_array_equal(bits_of(g), bits_of(w), err_msg=f"{name} {x.shape} "
+                                          f"{jnp.dtype(dtype).name} SR {sr}: {what}")
+
+
+def test_the_rht_needs_whole_runs():
+  with pytest.raises(ValueError, match="not a multiple of its 16"):
+    ops.quantize_raw(jnp.ones((40, 8)), bfmt.NVFP4, 0, rht=hadamard.rht_signs(0, "a", 16))
+
+
+@pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
+def test_the_rht_kernels_run():
+  """The transform's kernels where they apply (no f32 copy of R x in the program); where
+  the axis is the last, XLA's transform and the block kernels."""
+  signs = hadamard.rht_signs(0, "a", 16)
+  x = jnp.ones((64, 48), jnp.bfloat16)
+  text = jax.jit(lambda x: ops.quantize_raw(x, bfmt.NVFP4, 0, rht=signs)).lower(
+      x).compile().as_text()
+  assert "mxjax_rht_quantize" in text and "mxjax_rht_amax" in text
+  assert "f32[64,48]" not in text
+  text = jax.jit(lambda x: ops.quantize_raw(x, bfmt.NVFP4, 1, rht=signs)).lower(
+      x).compile().as_text()
+  assert "mxjax_rht_quantize" not in text and "mxjax_block_quantize" in text
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")

@@ -1,6 +1,7 @@
 // XLA FFI handlers (platform "cpu") of the block-scaled formats: mxjax_block_quantize,
 // mxjax_block_quantize_2x, mxjax_block_dequantize and mxjax_block_fake_quantize
-// (mxjax/_src/ops.py calls them). Inputs are bf16 or f32: ops widens f16 to f32 first
+// (mxjax/_src/ops.py calls them), and mxjax_rht_quantize: block quantize of x's RHT
+// (rht.h), with the attribute `signs`. Inputs are bf16 or f32: ops widens f16 to f32 first
 // (exact), so the kernels are compiled for two input types.
 //
 // Attributes: format (element id), scale (ScaleKind), scale_mode, block_rows, block_cols
@@ -18,6 +19,7 @@
 // several blocks along it: units write whole bytes.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checks.h"
 #include "handlers.h"
@@ -179,6 +181,60 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
                    p.tensor_scale != 0);
 }
 
+// quantize of the RHT of x along `axis` (rht.h; 1-D blocks of whole runs, the axis a whole
+// number of runs and not the last): each band of a tile row is transformed into an f32
+// buffer and quantized from there, so x is read once and no f32 copy of it is written.
+ffi::Future RhtQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
+                        ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> codes,
+                        ffi::Result<ffi::AnyBuffer> scales, int32_t format, int32_t scale,
+                        int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
+                        bool stochastic_rounding, ffi::Span<const float> signs) {
+  BlockProblem p{};
+  if (auto e = input_view("rht quantize", x, &rand, ts, format, scale, mode, block_rows,
+                          block_cols, axis, stochastic_rounding, p);
+      !e.success()) {
+    return ready_future(e);
+  }
+  std::vector<uint32_t> masks;
+  float c;
+  if (auto e = rht_signs(signs, masks, c); !e.success()) return ready_future(e);
+  const int64_t n = int64_t(masks.size());
+  if (block_rows != 1 || block_cols % n != 0 || !p.pack_rows || p.rows % n != 0) {
+    return ready_future(invalid(
+        "rht quantize takes 1-D blocks of whole runs along an axis of whole runs, with a "
+        "dimension longer than 1 after it"));
+  }
+  if (auto e = output_view(codes, scales, x.dimensions(), axis, p); !e.success()) {
+    return ready_future(e);
+  }
+  const FormatInfo info = *format_info(format);
+  if (p.tile_rows % info.group_codes != 0) {
+    return ready_future(invalid("rht quantize needs blocks of whole packing groups"));
+  }
+  const int64_t nr = ceil_div(p.rows, p.tile_rows), bands = p.batch * nr;
+  const int64_t in_bytes = dtype_bytes(p.dtype);
+  const int64_t scale_bytes = p.scale >= kScaleFP32 ? 4 : 1;
+  const BlockKernels& k = *kernels().block;
+  return parallel_for(pool, bands, p.tile_rows * p.cols,
+                      [&k, p, masks, c, nr, info, in_bytes, scale_bytes](int64_t b, int64_t e) {
+    std::vector<float> rows(p.tile_rows * p.cols);
+    for (int64_t u = b; u < e; ++u) {
+      const int64_t bi = u / nr, r0 = u % nr * p.tile_rows;
+      const int64_t height = p.rows - r0 < p.tile_rows ? p.rows - r0 : p.tile_rows;
+      k.rht(static_cast<const char*>(p.x) + (bi * p.rows + r0) * p.cols * in_bytes, p.dtype,
+            p.cols, p.cols, masks.data(), int32_t(masks.size()), c, height, rows.data());
+      BlockProblem band = p;  // one tile row of f32 rows (the last one may be short)
+      band.x = rows.data(), band.dtype = kF32, band.batch = 1, band.rows = height;
+      band.stream = false;
+      band.codes = p.codes + (bi * ceil_div(p.rows, info.group_codes) + r0 / info.group_codes) *
+                                 info.group_bytes * p.cols;
+      band.scales = static_cast<char*>(p.scales) + u * p.cols * scale_bytes;
+      band.rand = p.rand ? p.rand + (bi * p.rows + r0) * p.cols : nullptr;
+      k.quantize(band, 0, units(band));
+    }
+  });
+}
+
 ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer ts,
                             ffi::Result<ffi::AnyBuffer> row_codes,
                             ffi::Result<ffi::AnyBuffer> row_scales,
@@ -287,6 +343,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantizeCpu, mxjax::cpu::BlockQuantize,
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
                                   .Attr<bool>("stochastic_rounding"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxRhtQuantizeCpu, mxjax::cpu::RhtQuantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
+                                  .Attr<bool>("stochastic_rounding")
+                                  .Attr<xla::ffi::Span<const float>>("signs"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantize2xCpu, mxjax::cpu::BlockQuantize2x,
                               xla::ffi::Ffi::Bind()

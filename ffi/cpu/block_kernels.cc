@@ -28,6 +28,7 @@
 #include "amax_tiles.h"
 #include "kernels.h"
 #include "random_bits.h"
+#include "rht.h"
 #include "mxjax/block_codec.h"
 #include "mxjax/quantize.h"
 
@@ -1057,6 +1058,7 @@ void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {
 const mxjax::cpu::BlockKernels& mxjax::cpu::MXJAX_CAT(block_kernels_, MXJAX_ISA_NS)() {
   static const BlockKernels table = {&mxjax::quantize, &mxjax::dequantize,
                                      &mxjax::fake_quantize, &mxjax::quantize_2x,
-                                     &mxjax::tensor_amax, &mxjax::random_bits};
+                                     &mxjax::tensor_amax, &mxjax::random_bits,
+                                     &mxjax::rht};
   return table;
 }

@@ -3,9 +3,11 @@
 #ifndef MXJAX_CPU_CHECKS_H_
 #define MXJAX_CPU_CHECKS_H_
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 #include "xla/ffi/api/ffi.h"
@@ -113,6 +115,23 @@ inline void view3(ffi::AnyBuffer::Dimensions dims, int64_t axis, int64_t& outer,
     if (i > axis) inner *= dims[i];
   }
   n = dims[axis];
+}
+
+// The RHT's attribute `signs` (n = its length, a power of two in [2, 256]; entries +-1) as
+// n sign masks (rht.h) and the factor c = f32(1 / sqrt(n)); an error for bad ones.
+inline ffi::Error rht_signs(ffi::Span<const float> signs, std::vector<uint32_t>& masks,
+                            float& c) {
+  const int64_t n = int64_t(signs.size());
+  if (n < 2 || n > 256 || (n & (n - 1))) {
+    return invalid("the RHT's signs must number a power of two in [2, 256]");
+  }
+  masks.clear();
+  for (float s : signs) {
+    if (s != 1.0f && s != -1.0f) return invalid("the RHT's signs must be +1 or -1");
+    masks.push_back(s < 0 ? 0x80000000u : 0u);
+  }
+  c = float(1.0 / std::sqrt(double(n)));
+  return ffi::Error::Success();
 }
 
 }  // namespace mxjax::cpu

@@ -140,6 +140,10 @@ struct BlockKernels {
   // (random_bits_kernels.cc)
   void (*random_bits)(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
                       uint32_t* out);
+  // the RHT of whole runs of n rows of x (bf16 or f32) into f32 rows, and their amax
+  // (rht_kernels.cc, rht.h)
+  uint32_t (*rht)(const void* x, int32_t dtype, int64_t ld, int64_t cols, const uint32_t* signs,
+              int32_t n, float c, int64_t rows, float* out);
 };
 
 // Kernels for one SIMD level; each runs work units [begin, end) of its problem.

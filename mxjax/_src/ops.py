@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from mxjax._src import backend, codec, extension, formats, sharding, stochastic
+from mxjax._src import backend, codec, extension, formats, hadamard, sharding, stochastic
 from mxjax._src import float_bits as fb
 from mxjax._src.formats import BlockFormat
 from mxjax._src.mxarray import MXArray
@@ -179,9 +179,18 @@ def ts_bits(ts):
   return jax.lax.bitcast_convert_type(jnp.reshape(ts, (1,)).astype(jnp.float32), jnp.uint32)
 
 
+def fuses_rht(shape, fmt: BlockFormat, axis: int, n: int) -> bool:
+  """Whether the CPU kernels quantize x's RHT along `axis` (non-negative) without an f32
+  copy of it: 1-D blocks of whole runs and packing groups, a dimension after the axis."""
+  return (not fmt.two_d and fmt.block_size % n == 0 and axis < len(shape) - 1
+          and fmt.block_size % fmt.element_format.codes_per_group == 0
+          and int(np.prod(shape[axis + 1:])) > 1)
+
+
 @functools.lru_cache(maxsize=None)
-def _quantize_op(fmt: BlockFormat, axis: int, sr: bool):
-  """(x, rand, ts_bits) -> (data, scales)."""
+def _quantize_op(fmt: BlockFormat, axis: int, sr: bool, rht: tuple[float, ...] | None = None):
+  """(x, rand, ts_bits) -> (data, scales); of x's RHT along `axis` (`hadamard.rht`, the
+  axis a whole number of runs) where `rht` (its signs) is given."""
 
   def xla(x, rand, ts):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
@@ -189,23 +198,36 @@ def _quantize_op(fmt: BlockFormat, axis: int, sr: bool):
 
   mx = fmt.mx_kernels and not sr
 
-  def ffi(x, rand, ts):
+  def ffi(x, rand, ts, target="mxjax_block_quantize", **attrs):
     data, scales = quantized_types(x.shape, fmt, axis)
-    if mx:
+    if mx and not attrs:
       return jax.ffi.ffi_call("mxjax_quantize", (data, scales))(x, **_mx_attrs(fmt, axis))
-    codes, s = jax.ffi.ffi_call("mxjax_block_quantize", (_raw(data), _raw(scales)))(
-        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
+    codes, s = jax.ffi.ffi_call(target, (_raw(data), _raw(scales)))(
+        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr, **attrs)
     return _from_raw(codes, data), _from_raw(s, scales)
 
   target = "mxjax_quantize" if mx else "mxjax_block_quantize"
   kernel = ffi if mx else _block_kernel(ffi)
-  call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (axis,),
-                      "quantize")
+
+  def local(x, rand, ts):
+    if rht is None:
+      return per_platform(target, kernel, xla, x, rand, ts)
+    signs = np.asarray(rht, np.float32)
+    rotated = lambda x, rand, ts: per_platform(  # noqa: E731
+        target, kernel, xla, hadamard.rht(x, axis, signs), rand, ts)
+    if not fuses_rht(x.shape, fmt, axis, len(signs)):
+      return rotated(x, rand, ts)
+    fused = _block_kernel(functools.partial(ffi, target="mxjax_rht_quantize", signs=signs))
+    return per_platform("mxjax_rht_quantize", {"cpu": fused["cpu"]}, rotated, x, rand, ts)
+
+  call = _partitioned(local, fmt, (axis,), "quantize")
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
-      return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
-    return _quantize_op(fmt, axis + 1, sr)(x, rand, ts)
+      plain = xla if rht is None else lambda x, *a: xla(  # noqa: E731
+          hadamard.rht(x, axis, np.asarray(rht, np.float32)), *a)
+      return jax.vmap(plain, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
+    return _quantize_op(fmt, axis + 1, sr, rht)(x, rand, ts)
 
   return _op(call, "mxjax.quantize", batched)
 
@@ -346,33 +368,57 @@ def normalize_axis(axis: int, ndim: int) -> int:
   return int(axis) % ndim
 
 
-def _amax_local(x):
-  """x's amax (or its shard's): the mxjax_tensor_amax kernel where in use, XLA elsewhere."""
+def _amax_local(x, rht=None):
+  """x's amax (or its shard's): the mxjax_tensor_amax kernel where in use, XLA elsewhere;
+  of x's RHT along an axis where `rht` = (axis, signs) is given (mxjax_rht_amax where in
+  use: no f32 copy of it)."""
 
   def ffi(x):
     amax = jax.ffi.ffi_call("mxjax_tensor_amax", jax.ShapeDtypeStruct((1,), jnp.uint32))(x)
     return jnp.reshape(amax, ())
 
-  return per_platform("mxjax_tensor_amax", ffi, codec.tensor_amax, x)
+  if rht is None:
+    return per_platform("mxjax_tensor_amax", ffi, codec.tensor_amax, x)
+  axis, signs = rht[0], np.asarray(rht[1], np.float32)
+  rotated = lambda x: _amax_local(hadamard.rht(x, axis, signs))  # noqa: E731
+  if axis == x.ndim - 1 or int(np.prod(x.shape[axis + 1:])) == 1:
+    return rotated(x)
+
+  def fused(x):
+    amax = jax.ffi.ffi_call("mxjax_rht_amax", jax.ShapeDtypeStruct((1,), jnp.uint32))(
+        x, axis=np.int64(axis), signs=signs)
+    return jnp.reshape(amax, ())
+
+  return per_platform("mxjax_rht_amax", {"cpu": _block_kernel(fused)["cpu"]}, rotated, x)
 
 
 @functools.lru_cache(maxsize=None)
-def _amax_op():
-  return _op(sharding.max_over_shards(_amax_local), "mxjax's tensor amax",
-             lambda in_batched, x: jax.vmap(codec.tensor_amax)(x))
+def _amax_op(rht=None):
+  def local(x):
+    return _amax_local(x, rht)
+
+  whole = None if rht is None else (rht[0], len(rht[1]))
+  plain = codec.tensor_amax if rht is None else lambda x: codec.tensor_amax(  # noqa: E731
+      hadamard.rht(x, rht[0], np.asarray(rht[1], np.float32)))
+  return _op(sharding.max_over_shards(local, whole), "mxjax's tensor amax",
+             lambda in_batched, x: jax.vmap(plain)(x))
 
 
-def tensor_amax(x) -> jax.Array:
+def tensor_amax(x, rht=None) -> jax.Array:
   """uint32 scalar: the f32 bits of max |x| over x's finite elements (0 for none), each
-  shard's on a mesh (Auto or Explicit axes), then the max over the shards."""
-  return jnp.zeros((), jnp.uint32) if x.size == 0 else _amax_op()(x)
+  shard's on a mesh (Auto or Explicit axes), then the max over the shards; of x's RHT
+  where `rht` = (axis, signs) is given (the axis a whole number of runs)."""
+  if x.size == 0:
+    return jnp.zeros((), jnp.uint32)
+  return _amax_op(None if rht is None else (rht[0] % x.ndim, tuple(map(float, rht[1]))))(x)
 
 
-def tensor_scale(x, fmt: BlockFormat):
-  """The f32 tensor scale of `x` for `fmt` (None for formats without one)."""
+def tensor_scale(x, fmt: BlockFormat, rht=None):
+  """The f32 tensor scale of `x` (of its RHT, `rht` = (axis, signs)) for `fmt` (None for
+  formats without one)."""
   if not fmt.tensor_scale:
     return None
-  return codec.tensor_scale(tensor_amax(x), fmt)
+  return codec.tensor_scale(tensor_amax(x, rht), fmt)
 
 
 def _random_bits_xla(seed, base, x, strides):
@@ -416,13 +462,20 @@ def rand_bits(rng, x):
   return None if rng is None else random_bits_like(stochastic.seed_of(rng), x)
 
 
-def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None):
+def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None, rht=None):
   """(data, scales, tensor scale) of x quantized along `axis` (non-negative): the op
-  `quantize` wraps. `rand`: uint32 bits of x's shape (stochastic rounding)."""
+  `quantize` wraps. `rand`: uint32 bits of x's shape (stochastic rounding). `rht`: the
+  signs of an RHT along `axis` (`hadamard.rht`; the axis a whole number of runs) that x
+  is quantized after, and the tensor scale is computed of."""
+  if rht is not None:
+    rht = tuple(map(float, rht))
+    if x.shape[axis] % len(rht):
+      raise ValueError(f"the RHT's axis has {x.shape[axis]} elements, not a multiple of "
+                       f"its {len(rht)}")
   if fmt.tensor_scale and ts is None:
-    ts = tensor_scale(x, fmt)
+    ts = tensor_scale(x, fmt, None if rht is None else (axis, rht))
   bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
-  data, scales = _quantize_op(fmt, axis, rand is not None)(x, bits, ts_bits(ts))
+  data, scales = _quantize_op(fmt, axis, rand is not None, rht)(x, bits, ts_bits(ts))
   return data, scales, ts
 
 

@@ -344,27 +344,12 @@ def _gemm(config: Config, which: str, group_sizes):
 
 def _rht_quantized(x, fmt: BlockFormat, seed=None, *, signs) -> MXArray:
   """q(R x, M) of a canonical [*B, M, N] array, M zero padded to a multiple of n =
-  len(signs). Where 1-D blocks tile a run of n, the transform's rows [*B, M/n, N, n] are
-  quantized along their last axis (the same blocks, the same bits) and the small packed
-  codes and scales moved into place, instead of the f32 rows."""
-  n = len(signs)
-  if fmt.two_d or n % fmt.block_size or n % fmt.element_format.codes_per_group:
-    y = hadamard.rht(x, -2, signs)
-    return _quantized(y, fmt, -2, None if seed is None else _bits(seed, 1, y))
-  rows = hadamard.rht_rows(x, -2, signs)
-  *batch, runs, cols, _ = rows.shape
-  flat = rows.reshape(*batch, runs, cols * n)
-  rand = None
-  if seed is not None:  # element (m, c) of R x sits at [m // n, c, m % n] of rows
-    strides = stochastic.row_major_strides((*batch, runs, n, cols))
-    rand = _bits(seed, 1, rows, (*strides[:-2], strides[-1], strides[-2])).reshape(flat.shape)
-  data, scales, ts = ops.quantize_raw(flat, fmt, flat.ndim - 1, rand)
-
-  def along_m(a):  # [*B, M/n, N * k] -> [*B, M/n * k, N]
-    return jnp.swapaxes(a.reshape(*batch, runs, cols, -1), -1, -2).reshape(*batch, -1, cols)
-
-  return MXArray(data=along_m(data), scales=along_m(scales), tensor_scale=ts, format=fmt,
-                 axis_from_end=-2, length=runs * n, dtype=jnp.dtype(jnp.float32))
+  len(signs): the CPU kernels transform and quantize in one pass (`ops.fuses_rht`)."""
+  x = hadamard.padded(x, -2, len(signs))
+  rand = None if seed is None else _bits(seed, 1, x)
+  axis = x.ndim - 2
+  return ops.as_mxarray(*ops.quantize_raw(x, fmt, axis, rand, rht=signs), fmt, axis,
+                        jax.ShapeDtypeStruct(x.shape, jnp.float32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

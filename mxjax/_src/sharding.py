@@ -280,19 +280,30 @@ def _manual_call(op, local, mesh, spec) -> tuple[set, Callable]:
 # Reductions to a scalar: each shard's, then the max over the shards.
 
 
-def max_over_shards(local: Callable) -> Callable:
+def max_over_shards(local: Callable, whole: tuple[int, int] | None = None) -> Callable:
   """`local` (x -> a uint32 scalar that a max over parts of x gives, as the amax) with
   sharding rules for Auto and Explicit axes: each device reduces its own shard, then one
-  `lax.pmax` over the mesh axes x is sharded over (an all-reduce of a scalar)."""
+  `lax.pmax` over the mesh axes x is sharded over (an all-reduce of a scalar). `whole` =
+  (axis, n): shards hold whole runs of n along the axis (else it is gathered)."""
 
   def pmaxed(fn, spec):
     names = tuple(name for entry in spec for name in axis_names(entry))
     return (lambda x: jax.lax.pmax(fn(x), names)) if names else fn
 
+  def runs_whole(spec, shape, mesh):
+    spec = list(spec)
+    if whole is not None:
+      axis, n = whole
+      if spec[axis] is not None and not _whole_blocks(shape[axis], n,
+                                                      shard_count(mesh, spec[axis])):
+        spec[axis] = None
+    return tuple(spec)
+
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    ndim = len(arg_shapes[0].shape)
-    spec = spec_over_mesh(arg_shapes[0].sharding, mesh, ndim) or (None,) * ndim
+    shape = arg_shapes[0].shape
+    spec = spec_over_mesh(arg_shapes[0].sharding, mesh, len(shape)) or (None,) * len(shape)
+    spec = runs_whole(spec, shape, mesh)
     return (mesh, pmaxed(local, spec), NamedSharding(mesh, PartitionSpec()),
             (NamedSharding(mesh, PartitionSpec(*spec)),))
 
@@ -306,6 +317,8 @@ def max_over_shards(local: Callable) -> Callable:
     if spec is None:  # no Explicit axis in x's type: the rule above applies
       return op(x)
     mesh = jax.typeof(x).sharding.mesh
+    if (kept := runs_whole(spec, x.shape, mesh)) != tuple(spec):
+      x, spec = jax.sharding.reshard(x, NamedSharding(mesh, PartitionSpec(*kept))), kept
     names, fn = _manual_call(op, local, mesh, spec)
     return jax.shard_map(pmaxed(fn, spec), mesh=mesh,
                          in_specs=PartitionSpec(*spec), out_specs=PartitionSpec(),
