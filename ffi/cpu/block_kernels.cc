@@ -19,6 +19,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__AVX512BW__)
 #include <immintrin.h>  // _mm_stream_si128, _mm_sfence
@@ -63,6 +64,33 @@ int64_t packed_offset(const BlockProblem& p, int64_t b, int64_t r, int64_t c) {
   constexpr int kG = F::group_codes, kB = F::group_bytes;
   if (p.pack_rows) return (b * ceil_div(p.rows, kG) * kB + r / kG * kB) * p.cols + c;
   return (b * p.rows + r) * (ceil_div(p.cols, kG) * kB) + c / kG * kB;
+}
+
+// Stochastic rounding's bits of x's elements [start, start + n) (row-major): p.rand's, or
+// made from p.counter into buf (n entries) one run along x's last dim at a time.
+const uint32_t* sr_bits(const BlockProblem& p, int64_t start, int64_t n, uint32_t* buf) {
+  if (p.rand) return p.rand + start;
+  const cpu::SRCounter& k = p.counter;
+  const int last = k.rank - 1;
+  const int64_t len = k.dims[last];
+  int64_t c = start % len, row = start / len, at[cpu::kMaxCounterRank];
+  uint32_t first = k.base;  // the index of the run's element 0
+  for (int d = last - 1; d >= 0; --d) {
+    at[d] = row % k.dims[d], row /= k.dims[d];
+    first += uint32_t(at[d]) * k.strides[d];
+  }
+  for (uint32_t* out = buf; n > 0; c = 0) {
+    const int64_t m = min64(n, len - c);
+    random_bits(k.seed0, k.seed1, first + uint32_t(c) * k.strides[last], k.strides[last], m, out);
+    out += m, n -= m;
+    for (int d = last - 1; d >= 0; --d) {  // the next run (an odometer over the other dims)
+      first += k.strides[d];
+      if (++at[d] < k.dims[d]) break;
+      first -= uint32_t(k.dims[d]) * k.strides[d];
+      at[d] = 0;
+    }
+  }
+  return buf;
 }
 
 // A batch of units' tiles: amax, multiplier m and decode scale d (as Sigs and f32 values),
@@ -557,6 +585,8 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
   uint32_t spg[cpu::kUnitCols];
   Span spans[kMaxBatch];
   int64_t first[kMaxBatch + 1], sidx[kMaxBatch];
+  // Counter bits of a unit's rows (pack_rows: group_codes of them at a time).
+  std::vector<uint32_t> bits(kSR && !p.rand ? kG * cpu::unit_cols(p) : 0);
   UnitIter it(p, begin);
 #ifdef MXJAX_FP4_THRESHOLDS
   constexpr bool kThresholds = std::is_same_v<F, E2M1> && std::is_same_v<In, BF16> && !kSR &&
@@ -699,7 +729,7 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
         for (int64_t r = s.r0; r < s.r1; ++r) {
           const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
           const T* xr = x + start;
-          const uint32_t* rr = kSR ? p.rand + start : nullptr;
+          const uint32_t* rr = kSR ? sr_bits(p, start, width, bits.data()) : nullptr;
           float* o = p.out + start;
           if (spread) {
             fake_run<F, In, kSR, true, true>(width, xr, rr, o, mfg, msig, mexp, dfe, dsig, dexp,
@@ -738,7 +768,9 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
           for (int e = 0; e < 4; ++e) {
             const int64_t start = (s.b * p.rows + r + (e < rows ? e : 0)) * p.cols + s.c0;
             xs[e] = x + start;
-            if (kSR) rs[e] = p.rand + start;
+            if (kSR) {
+              rs[e] = e < rows ? sr_bits(p, start, width, bits.data() + e * width) : rs[0];
+            }
           }
           uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
           uint8_t* o1 = kB > 1 ? o + p.cols : o;
@@ -758,7 +790,7 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
       for (int64_t r = s.r0; r < s.r1; ++r) {  // packed along the row
         const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
         const T* xr = x + start;
-        const uint32_t* rr = kSR ? p.rand + start : nullptr;
+        const uint32_t* rr = kSR ? sr_bits(p, start, width, bits.data()) : nullptr;
         uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
         if (spread || (tc == 1 && kG == 1)) {  // tile j = group g
           const int64_t full = width / kG;
@@ -998,7 +1030,7 @@ void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end, Shared
           default: return quantize_units<F, In, kSR, kFake, 0>(p, begin, end, shared);
         }
       };
-      if (p.rand) {
+      if (p.rand || p.counter.rank) {
         width(std::true_type{});
       } else {
         width(std::false_type{});

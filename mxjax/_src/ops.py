@@ -13,8 +13,9 @@ quantized whole), and no derivative (see `fake_quantize` for a straight-through 
 Every kernel writes and reads the codes as MXArray holds them: packed along the quantized
 axis (2-D tiles: the last axis), the element format's `storage_length` entries along it.
 NVFP4's tensor scale comes from `tensor_amax` (the mxjax_tensor_amax kernel per shard,
-then the max over the shards), stochastic rounding's bits from `random_bits_like` (the
-mxjax_random_bits kernel, each shard's from its first global index).
+then the max over the shards). Stochastic rounding's bits come as an array or as a
+`stochastic.Counter`, which the CPU block kernels turn into bits as they round (each
+shard's from its first global index); elsewhere XLA makes them inside the op.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ _NO_BITS = np.zeros((1,), np.uint32)  # the rand operand without stochastic roun
 
 
 def per_platform(target: str, ffi_fn, xla_fn, *args):
-  """`ffi_fn(*args)` lowered for the platforms whose kernels are in use and have
-  `target`, `xla_fn(*args)` for every other platform."""
+  """`ffi_fn(*args)` (or, for a dict, `ffi_fn[platform](*args)`) lowered for the platforms
+  whose kernels are in use and have `target`, `xla_fn(*args)` for every other platform."""
   platforms = [p for p in backend.ffi_platforms() if backend.uses_kernel(p, target)]
   if not platforms:
     return xla_fn(*args)
   extension.load()
+  fns = ffi_fn if isinstance(ffi_fn, dict) else dict.fromkeys(platforms, ffi_fn)
   return jax.lax.platform_dependent(*args, default=xla_fn, **{
-      p: _varying_like(ffi_fn, args) for p in platforms})
+      p: _varying_like(fns[p], args) for p in platforms})
 
 
 def _varying_like(ffi_fn, args):
@@ -102,9 +104,10 @@ def _op(call, name: str, batched=None, hint: str = STRAIGHT_THROUGH_HINT):
   return jax.jit(no_derivative(op, name, hint))
 
 
-def _partitioned(call, fmt: BlockFormat, axes, kind: str):
-  """`call` with the sharding rule of `kind` over its blocked `axes`; 2-D tiles (except
-  fake_quantize, whose result is x-shaped) run on the whole array."""
+def _partitioned(call, fmt: BlockFormat, axes, kind: str, sr=None):
+  """`call` with the sharding rule of `kind` over its blocked `axes` (and, for a counter
+  `sr`, each shard's base; see `_sr_operand`); 2-D tiles (except fake_quantize, whose
+  result is x-shaped) run on the whole array."""
   if fmt.two_d and kind != "fake_quantize":
     def whole(*args):
       if any(sharding.typed_spec(a) is not None for a in args):
@@ -113,7 +116,8 @@ def _partitioned(call, fmt: BlockFormat, axes, kind: str):
     return whole
   b = fmt.block_size
   return sharding.blockwise_partitioned(call, (-2, -1) if fmt.two_d else axes, b,
-                                        fmt.element_format.storage_length(b), kind=kind)
+                                        fmt.element_format.storage_length(b), kind=kind,
+                                        index_strides=sr if isinstance(sr, tuple) else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,29 +171,73 @@ def ts_bits(ts):
   return jax.lax.bitcast_convert_type(jnp.reshape(ts, (1,)).astype(jnp.float32), jnp.uint32)
 
 
+def _sr_operand(rand, shape):
+  """(sr, the ops' rand operand) for stochastic rounding by `rand` of x of `shape`: None
+  (nearest even; uint32[1] zeros), uint32 bits of x's shape ("bits"), or a
+  `stochastic.Counter` (its index strides; uint32[3]: seed[0], seed[1], base 0)."""
+  if rand is None:
+    return None, _NO_BITS
+  if isinstance(rand, stochastic.Counter):
+    seed = jnp.asarray(rand.seed, jnp.uint32).reshape(2)
+    return rand.strides_of(shape), jnp.concatenate([seed, jnp.zeros((1,), jnp.uint32)])
+  return "bits", jnp.asarray(rand, jnp.uint32)
+
+
+def _bits(sr, rand, x):
+  """The bits the operand `rand` stands for under `sr` (`_sr_operand`), counters' made in
+  XLA once x exists; None for nearest even."""
+  if not isinstance(sr, tuple):
+    return rand if sr else None
+  return stochastic.after(stochastic.random_bits(rand[:2], x.shape, sr, rand[2]), x)
+
+
+def _block_kernel(target: str, types, post, fmt: BlockFormat, axis: int, sr):
+  """{platform: (x, rand, ts_bits) -> `post(results, x)` of the block kernel `target`
+  (result types `types(x)`)}: a counter goes to the CPU kernel, which makes its bits;
+  elsewhere XLA makes them first."""
+
+  def call(platform, x, rand, ts):
+    attrs = dict(_block_attrs(fmt, axis), stochastic_rounding=sr is not None)
+    if platform == "cpu":
+      attrs["strides"] = np.asarray(sr if isinstance(sr, tuple) else (), np.int64)
+    elif isinstance(sr, tuple):
+      rand = _bits(sr, rand, x)
+    return post(jax.ffi.ffi_call(target, types(x))(x, rand, ts, **attrs), x)
+
+  return {p: functools.partial(call, p) for p in ("cpu", "cuda")}
+
+
+def _batched_sr(sr):
+  """`sr` under a new leading axis: each example's counter bits are those of its own index."""
+  return (0, *sr) if isinstance(sr, tuple) else sr
+
+
 @functools.lru_cache(maxsize=None)
-def _quantize_op(fmt: BlockFormat, axis: int, sr: bool):
-  """(x, rand, ts_bits) -> (data, scales)."""
+def _quantize_op(fmt: BlockFormat, axis: int, sr):
+  """(x, rand, ts_bits) -> (data, scales); `sr` and rand as `_sr_operand` makes them."""
 
   def xla(x, rand, ts):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
-    return codec.quantize(x, fmt, axis, rand if sr else None, ts)[:2]
+    return codec.quantize(x, fmt, axis, _bits(sr, rand, x), ts)[:2]
 
-  def ffi(x, rand, ts):
-    data, scales = quantized_types(x.shape, fmt, axis)
-    if fmt.mx_kernels and not sr:
-      return jax.ffi.ffi_call("mxjax_quantize", (data, scales))(x, **_mx_attrs(fmt, axis))
-    codes, s = jax.ffi.ffi_call("mxjax_block_quantize", (_raw(data), _raw(scales)))(
-        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
-    return _from_raw(codes, data), _from_raw(s, scales)
+  def types(x):
+    return quantized_types(x.shape, fmt, axis)
 
-  target = "mxjax_quantize" if fmt.mx_kernels and not sr else "mxjax_block_quantize"
-  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,), "quantize")
+  if fmt.mx_kernels and not sr:
+    target = "mxjax_quantize"
+    ffi = lambda x, rand, ts: jax.ffi.ffi_call(  # noqa: E731
+        target, types(x))(x, **_mx_attrs(fmt, axis))
+  else:
+    target = "mxjax_block_quantize"
+    ffi = _block_kernel(target, lambda x: tuple(map(_raw, types(x))),
+                        lambda out, x: tuple(map(_from_raw, out, types(x))), fmt, axis, sr)
+  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,), "quantize",
+                      sr)
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
       return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
-    return _quantize_op(fmt, axis + 1, sr)(x, rand, ts)
+    return _quantize_op(fmt, axis + 1, _batched_sr(sr))(x, rand, ts)
 
   return _op(call, "mxjax.quantize", batched)
 
@@ -263,35 +311,32 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
 
 
 @functools.lru_cache(maxsize=None)
-def _fake_quantize_op(fmt: BlockFormat, axis: int, sr: bool, dtype):
+def _fake_quantize_op(fmt: BlockFormat, axis: int, sr, dtype):
   """(x, rand, ts_bits) -> dequantize(quantize(x along `axis`)) of `dtype`, without the
-  tensor scale: one kernel pass where the platform has the fused kernel."""
+  tensor scale: one kernel pass where the platform has the fused kernel (`sr` and rand as
+  `_sr_operand` makes them)."""
 
   def xla(x, rand, ts):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
-    data, scales, _ = codec.quantize(x, fmt, axis, rand if sr else None, ts)
+    data, scales, _ = codec.quantize(x, fmt, axis, _bits(sr, rand, x), ts)
     return codec.dequantize(data, scales, ts, fmt, axis, x.shape[-1 if fmt.two_d else axis],
                             dtype, apply_tensor_scale=False)
 
-  mx = fmt.mx_kernels and not sr
-
-  def ffi(x, rand, ts):
-    if mx:
-      return jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(x.shape, dtype))(
-          x, **_mx_attrs(fmt, axis))
-    out = jax.ffi.ffi_call("mxjax_block_fake_quantize",
-                           jax.ShapeDtypeStruct(x.shape, jnp.float32))(
-        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
-    return to_dtype(out, dtype)
-
-  target = "mxjax_fake_quantize" if mx else "mxjax_block_fake_quantize"
+  if fmt.mx_kernels and not sr:
+    target = "mxjax_fake_quantize"
+    ffi = lambda x, rand, ts: jax.ffi.ffi_call(  # noqa: E731
+        target, jax.ShapeDtypeStruct(x.shape, dtype))(x, **_mx_attrs(fmt, axis))
+  else:
+    target = "mxjax_block_fake_quantize"
+    ffi = _block_kernel(target, lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                        lambda out, x: to_dtype(out, dtype), fmt, axis, sr)
   call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,),
-                      "fake_quantize")
+                      "fake_quantize", sr)
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
       return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
-    return _fake_quantize_op(fmt, axis + 1, sr, dtype)(x, rand, ts)
+    return _fake_quantize_op(fmt, axis + 1, _batched_sr(sr), dtype)(x, rand, ts)
 
   return _op(call, "mxjax.fake_quantize's quantizer", batched, _FAKE_QUANTIZE_HINT)
 
@@ -392,18 +437,14 @@ def random_bits_like(seed, x, strides=None) -> jax.Array:
   return _random_bits_op(strides)(jnp.asarray(seed, jnp.uint32), np.zeros((1,), np.uint32), x)
 
 
-def rand_bits(rng, x):
-  """Stochastic-rounding bits for x from a key (None: nearest even)."""
-  return None if rng is None else random_bits_like(stochastic.seed_of(rng), x)
-
-
 def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None):
   """(data, scales, tensor scale) of x quantized along `axis` (non-negative): the op
-  `quantize` wraps. `rand`: uint32 bits of x's shape (stochastic rounding)."""
+  `quantize` wraps. `rand` (stochastic rounding): uint32 bits of x's shape or a
+  `stochastic.Counter`."""
   if fmt.tensor_scale and ts is None:
     ts = tensor_scale(x, fmt)
-  bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
-  data, scales = _quantize_op(fmt, axis, rand is not None)(x, bits, ts_bits(ts))
+  sr, operand = _sr_operand(rand, x.shape)
+  data, scales = _quantize_op(fmt, axis, sr)(x, operand, ts_bits(ts))
   return data, scales, ts
 
 
@@ -423,8 +464,8 @@ def values(x, fmt: BlockFormat, axis: int, dtype, rand=None):
   """(dequantize(quantize(x)) without the tensor scale, in `dtype`; the tensor's decode
   factor 1 / S as f32, or None): what a GEMM multiplies, and what scales its output."""
   ts = tensor_scale(x, fmt)
-  bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
-  y = _fake_quantize_op(fmt, axis, rand is not None, jnp.dtype(dtype))(x, bits, ts_bits(ts))
+  sr, operand = _sr_operand(rand, x.shape)
+  y = _fake_quantize_op(fmt, axis, sr, jnp.dtype(dtype))(x, operand, ts_bits(ts))
   return y, None if ts is None else 1.0 / ts
 
 

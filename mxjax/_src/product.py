@@ -319,13 +319,13 @@ def _along_m(config: Config, group_sizes):
 
 
 def _quantized_along_m(x, fmt: BlockFormat, seed=None) -> MXArray:
-  return _quantized(x, fmt, -2, None if seed is None else _bits(seed, 1, x))
+  return _quantized(x, fmt, -2, _bits(seed, 1))
 
 
-def _bits(seed, i: int, x, strides=None) -> jax.Array:
-  """Stream `i`'s stochastic-rounding bits of a product's seed for x (see
-  `ops.random_bits_like`)."""
-  return ops.random_bits_like(stochastic.stream(seed, i), x, strides)
+def _bits(seed, i: int, strides=None) -> stochastic.Counter | None:
+  """Stream `i`'s stochastic-rounding bits of a product's seed (None: nearest even), made
+  by the quantize op."""
+  return None if seed is None else stochastic.Counter(stochastic.stream(seed, i), strides)
 
 
 def _group_align(roles: Roles) -> int:
@@ -345,23 +345,20 @@ def _gemm(config: Config, which: str, group_sizes):
 def _rht_quantized(x, fmt: BlockFormat, seed=None, *, signs) -> MXArray:
   """q(R x, M) of a canonical [*B, M, N] array, M zero padded to a multiple of n =
   len(signs). Where 1-D blocks tile a run of n, the transform's rows [*B, M/n, N, n] are
-  quantized along their last axis (the same blocks, the same bits) and the small packed
-  codes and scales moved into place, instead of the f32 rows."""
+  quantized along their last axis (the same blocks, the same bits: element (m, c) of R x
+  sits at [m // n, c, m % n]) and the small packed codes and scales moved into place,
+  instead of the f32 rows."""
   n = len(signs)
   if fmt.two_d or n % fmt.block_size or n % fmt.element_format.codes_per_group:
-    y = hadamard.rht(x, -2, signs)
-    return _quantized(y, fmt, -2, None if seed is None else _bits(seed, 1, y))
+    return _quantized(hadamard.rht(x, -2, signs), fmt, -2, _bits(seed, 1))
   rows = hadamard.rht_rows(x, -2, signs)
   *batch, runs, cols, _ = rows.shape
-  flat = rows.reshape(*batch, runs, cols * n)
-  rand = None
-  if seed is not None:  # element (m, c) of R x sits at [m // n, c, m % n] of rows
-    strides = stochastic.row_major_strides((*batch, runs, n, cols))
-    rand = _bits(seed, 1, rows, (*strides[:-2], strides[-1], strides[-2])).reshape(flat.shape)
-  data, scales, ts = ops.quantize_raw(flat, fmt, flat.ndim - 1, rand)
+  strides = stochastic.row_major_strides((*batch, runs, n, cols))
+  data, scales, ts = ops.quantize_raw(rows, fmt, rows.ndim - 1, _bits(
+      seed, 1, (*strides[:-2], strides[-1], strides[-2])))
 
-  def along_m(a):  # [*B, M/n, N * k] -> [*B, M/n * k, N]
-    return jnp.swapaxes(a.reshape(*batch, runs, cols, -1), -1, -2).reshape(*batch, -1, cols)
+  def along_m(a):  # [*B, M/n, N, k] -> [*B, M/n * k, N]
+    return jnp.swapaxes(a, -1, -2).reshape(*batch, -1, cols)
 
   return MXArray(data=along_m(data), scales=along_m(scales), tensor_scale=ts, format=fmt,
                  axis_from_end=-2, length=runs * n, dtype=jnp.dtype(jnp.float32))
@@ -418,12 +415,12 @@ def _gradient_copies(config: Config, g, seed, group_sizes):
   if not config.has_key:
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.dot_general",
                                                    recipe=config.recipe_name or roles))
-  g_n = _quantized(g, fmt, -1, _bits(seed, 0, g))
+  g_n = _quantized(g, fmt, -1, _bits(seed, 0))
   if rotate is not None:
     return g_n, rotate(g, fmt, seed)
   if fmt.two_d:  # one quantization serves both products
     return g_n, g_n
-  return g_n, _quantized(g, fmt, -2, _bits(seed, 1, g))
+  return g_n, _quantized(g, fmt, -2, _bits(seed, 1))
 
 
 def _product_bwd(config: Config, residuals, cotangents):
