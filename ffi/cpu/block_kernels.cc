@@ -66,22 +66,34 @@ int64_t packed_offset(const BlockProblem& p, int64_t b, int64_t r, int64_t c) {
   return (b * p.rows + r) * (ceil_div(p.cols, kG) * kB) + c / kG * kB;
 }
 
+// Runs along x's last dim shorter than this (the RHT's rows) get their indices written
+// first, then hashed in one loop: random_bits's setup would cost more than a short run.
+constexpr int64_t kShortRun = 64;
+
 // Stochastic rounding's bits of x's elements [start, start + n) (row-major): p.rand's, or
 // made from p.counter into buf (n entries) one run along x's last dim at a time.
 const uint32_t* sr_bits(const BlockProblem& p, int64_t start, int64_t n, uint32_t* buf) {
   if (p.rand) return p.rand + start;
   const cpu::SRCounter& k = p.counter;
   const int last = k.rank - 1;
-  const int64_t len = k.dims[last];
+  const int64_t len = k.dims[last], total = n;
+  const uint32_t step = k.strides[last];
   int64_t c = start % len, row = start / len, at[cpu::kMaxCounterRank];
   uint32_t first = k.base;  // the index of the run's element 0
   for (int d = last - 1; d >= 0; --d) {
     at[d] = row % k.dims[d], row /= k.dims[d];
     first += uint32_t(at[d]) * k.strides[d];
   }
+  uint32_t offsets[kShortRun];  // short runs: element j's index less the run's first
+  const bool short_runs = len < kShortRun;
+  for (int64_t j = 0; short_runs && j < len; ++j) offsets[j] = uint32_t(j) * step;
   for (uint32_t* out = buf; n > 0; c = 0) {
     const int64_t m = min64(n, len - c);
-    random_bits(k.seed0, k.seed1, first + uint32_t(c) * k.strides[last], k.strides[last], m, out);
+    if (short_runs) {
+      for (int64_t j = 0; j < m; ++j) out[j] = first + offsets[c + j];
+    } else {
+      random_bits(k.seed0, k.seed1, first + uint32_t(c) * step, step, m, out);
+    }
     out += m, n -= m;
     for (int d = last - 1; d >= 0; --d) {  // the next run (an odometer over the other dims)
       first += k.strides[d];
@@ -90,6 +102,7 @@ const uint32_t* sr_bits(const BlockProblem& p, int64_t start, int64_t n, uint32_
       at[d] = 0;
     }
   }
+  if (short_runs) random_bits_of(k.seed0, k.seed1, total, buf);
   return buf;
 }
 

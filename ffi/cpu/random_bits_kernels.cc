@@ -27,5 +27,9 @@ void random_bits(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, 
   for (int64_t j = 0; j < n; ++j, h += dh) out[j] = mix(mix(h ^ seed0) ^ seed1);
 }
 
+void random_bits_of(uint32_t seed0, uint32_t seed1, int64_t n, uint32_t* __restrict bits) {
+  for (int64_t j = 0; j < n; ++j) bits[j] = mix(mix(bits[j] * 0x9E3779B9u ^ seed0) ^ seed1);
+}
+
 }  // namespace MXJAX_ISA_NS
 }  // namespace mxjax
