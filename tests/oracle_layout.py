@@ -52,12 +52,13 @@ def quantize(x, bf, axis=-1, rand=None, ts_bits=None):
   return to_oracle(data, scales, ts, bf, x.shape, axis)
 
 
-def dequantize(codes, scales, ts_bits, bf, axis=-1, apply_tensor_scale=True):
-  """The ops' dequantize (f32) of a quantization in the oracle's layout."""
+def dequantize(codes, scales, ts_bits, bf, axis=-1, apply_tensor_scale=True,
+               dtype=jnp.float32):
+  """The ops' dequantize (to `dtype`) of a quantization in the oracle's layout."""
   data, values, ts = from_oracle(codes, scales, ts_bits, bf, axis)
   a = ops.as_mxarray(data, values, ts, bf, axis % codes.ndim,
                      jax.ShapeDtypeStruct(codes.shape, jnp.float32))
-  return ops.dequantize_raw(a, jnp.float32, apply_tensor_scale)
+  return ops.dequantize_raw(a, dtype, apply_tensor_scale)
 
 
 def fake_quantize(x, bf, axis=-1, rand=None):

@@ -56,7 +56,9 @@ def _oracle(x, bf, axis, rand, ts=None):
 def _kernels(x, bf, axis, rand, ts=None):
   codes, scales, ts = oracle_layout.quantize(x, bf, axis, rand, ts)
   return (codes, scales, oracle_layout.dequantize(codes, scales, ts, bf, axis),
-          oracle_layout.fake_quantize(x, bf, axis, rand)[0])
+          oracle_layout.fake_quantize(x, bf, axis, rand)[0],
+          *(oracle_layout.dequantize(codes, scales, ts, bf, axis, dtype=d)
+            for d in (jnp.bfloat16, jnp.float16)))
 
 
 _oracle_jit = jax.jit(_oracle, static_argnums=(1, 2))
@@ -64,19 +66,45 @@ _kernels_jit = jax.jit(_kernels, static_argnums=(1, 2))
 _wanted = {}  # the oracle's results, computed once for every SIMD level
 
 
+_SEED = jnp.asarray([5, 6], jnp.uint32)
+
+
 def _assert_same(x, bf, axis, sr, what="", ts=None):
-  """Codes, scales, dequantize and fake_quantize; `ts`: a given tensor scale's f32 bits
+  """Codes, scales, dequantize (to f32, and to bf16 and f16: the oracle's f32 values
+  narrowed by ml_dtypes) and fake_quantize; `ts`: a given tensor scale's f32 bits
   (quantize and dequantize; fake_quantize computes its own)."""
-  rand = stochastic.random_bits(jnp.asarray([5, 6], jnp.uint32), x.shape) if sr else None
-  key = (bf, axis, sr, what, x.shape, x.dtype, None if ts is None else int(ts))
+  rand = stochastic.random_bits(_SEED, x.shape) if sr else None
+  key = (bf, axis, sr, what, x.shape, x.dtype, None if ts is None else int(ts), None)
   if key not in _wanted:
     want = _oracle_jit(x, bf, axis, rand, ts)
     if ts is not None:
       want = (*want[:3], _oracle_jit(x, bf, axis, rand)[3])
-    _wanted[key] = [_u(w) for w in want]
+    with np.errstate(over="ignore"):  # past f16's max: Inf
+      narrowed = [np.asarray(want[2]).astype(d) for d in (ml_dtypes.bfloat16, np.float16)]
+    _wanted[key] = [_u(w) for w in want] + [bits_of(w) for w in narrowed]
   got = _kernels_jit(x, bf, axis, rand, ts)
+  names = ("codes", "scales", "dequantize", "fake_quantize", "dequantize to bf16",
+           "dequantize to f16")
+  for name, w, g in zip(names, _wanted[key], got):
+    g = bits_of(g) if name.endswith("16") else _u(g)
+    np.testing.assert_array_equal(g, w, err_msg=f"{bf} axis {axis} SR {sr} {what}: {name}")
+
+
+_counter_jit = jax.jit(
+    lambda x, seed, bf, axis, strides: _kernels(x, bf, axis, stochastic.Counter(seed, strides)),
+    static_argnums=(2, 3, 4))
+
+
+def _assert_counter_same(x, bf, axis, strides=None, what=""):
+  """As `_assert_same` under stochastic rounding, the kernels given a `stochastic.Counter`
+  (the bits made as they round) and the oracle `stochastic.random_bits`' bits."""
+  key = (bf, axis, True, what, x.shape, x.dtype, None, strides)
+  if key not in _wanted:
+    rand = stochastic.random_bits(_SEED, x.shape, strides)
+    _wanted[key] = [_u(w) for w in _oracle_jit(x, bf, axis, rand)]
+  got = _counter_jit(x, _SEED, bf, axis, strides)
   for name, w, g in zip(("codes", "scales", "dequantize", "fake_quantize"), _wanted[key], got):
-    np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} axis {axis} SR {sr} {what}: {name}")
+    np.testing.assert_array_equal(_u(g), w, err_msg=f"{bf} axis {axis} {strides} {what}: {name}")
 
 
 def _awkward_3d(dtype):
@@ -98,6 +126,54 @@ def test_kernels_equal_the_oracle(name):
         _assert_same(x, bf, axis, sr, jnp.dtype(dtype).name)
   if not bf.two_d:  # the leading axis: columns with no batch
     _assert_same(_awkward_3d(jnp.float32), bf, 0, True, "float32")
+
+
+@at_every_level
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_2d", "mxfp4", "mxfp6_floor", "fp8_1x128",
+                                  "e2m3_e4m3_1x16"])
+def test_counter_bits_equal_the_given_bits(name):
+  """Stochastic rounding's bits made inside the kernels from a counter (seed, index
+  strides) round as the oracle does with `stochastic.random_bits`' bits: rows and columns,
+  a batch dim, ragged edges, bf16 and f32, rows shorter and longer than kShortRun (64);
+  and the RHT's rows [B, runs, N, n] along n, whose index is that of [B, runs, n, N]
+  (permuted strides; short rows end to end)."""
+  bf = FORMATS[name]
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x = _awkward_3d(dtype)
+    for axis in ((-1,) if bf.two_d else (-1, 1, 0)):
+      _assert_counter_same(x, bf, axis, None, jnp.dtype(dtype).name)
+  for axis in ((-1,) if bf.two_d else (-1, 0)):
+    _assert_counter_same(_awkward((40, 160), jnp.bfloat16, 3), bf, axis, None, "long rows")
+  rows = jnp.reshape(_awkward((48, 80), jnp.float32, 2), (2, 3, 20, 32))
+  runs, n, cols = 3, 32, 20
+  strides = (runs * n * cols, n * cols, 1, cols)
+  _assert_counter_same(rows, bf, -1, strides, "rht rows")
+
+
+@at_every_level
+def test_counter_base_in_the_kernel():
+  """The kernel's counter operand (uint32[3]: seed, base) and `strides` (one per dim; here
+  past 2**32 and 0) give the bits form's results for the bits of those indices."""
+  if not KERNELS:
+    pytest.skip("no CPU kernels in use")
+  bf = FORMATS["nvfp4"]
+  x = _awkward_3d(jnp.bfloat16)
+  strides, base = (2 ** 33 + 7, 0, 45), 123456789
+  attrs = dict(format=np.int32(bf.element_format.ffi_id), scale=np.int32(bf.scale.ffi_id),
+               scale_mode=np.int32(bfmt.scale_mode(bf.scale_mode).ffi_id),
+               block_rows=np.int64(1), block_cols=np.int64(16), axis=np.int64(2),
+               stochastic_rounding=True)
+  data, scales = ops.quantized_types(x.shape, bf, 2)
+  types = (jax.ShapeDtypeStruct(data.shape, jnp.uint8), jax.ShapeDtypeStruct(scales.shape,
+                                                                             jnp.uint8))
+  call = jax.jit(lambda x, rand, strides: jax.ffi.ffi_call("mxjax_block_quantize", types)(
+      x, rand, jnp.zeros((1,), jnp.uint32), **attrs, strides=np.asarray(strides, np.int64)),
+      static_argnums=2)
+  bits = stochastic.random_bits(_SEED, x.shape, strides, base)
+  want = call(x, bits, ())
+  got = call(x, jnp.asarray([5, 6, base], jnp.uint32), strides)
+  for w, g in zip(want, got):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 @at_every_level
@@ -290,18 +366,22 @@ def test_the_rht_kernels_equal_the_xla_path(name):
   and the tensor amax) give the codes, scales and tensor scale of quantizing
   `hadamard.rht(x)` in XLA: bf16 / f16 / f32, a batch dim, widths that end in a partial
   vector, a last block shorter than the others (MXFP4's 32 over 48 rows), runs of NaN, Inf,
-  zeros and subnormals (flushed), nearest even and stochastic."""
+  zeros and subnormals (flushed), nearest even and stochastic (bits given, or made in the
+  kernel from a counter)."""
   bf, n = RHT_FORMATS[name]
   signs = hadamard.rht_signs(5, "layer", n)
   fused = jax.jit(lambda x, r: ops.quantize_raw(x, bf, 1, r, rht=signs))
+  counted = jax.jit(lambda x, seed: ops.quantize_raw(x, bf, 1, stochastic.Counter(seed),
+                                                     rht=signs))
   plain = jax.jit(lambda x, r: _rht_xla(x, bf, signs, r))
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
     for x in (_awkward_3d(dtype), jnp.swapaxes(_awkward_3d(dtype), 1, 2)):  # [2, 37 | 45, ..]
       x = hadamard.padded(x, 1, 16)
-      for sr in (False, True):
-        rand = stochastic.random_bits(jnp.asarray([7, 8], jnp.uint32), x.shape) if sr else None
-        for what, g, w in zip(("codes", "scales", "tensor scale"), fused(x, rand),
-                              plain(x, rand)):
+      seed = jnp.asarray([7, 8], jnp.uint32)
+      bits = stochastic.random_bits(seed, x.shape)
+      for sr, got, rand in (("none", fused(x, None), None), ("bits", fused(x, bits), bits),
+                            ("counter", counted(x, seed), bits)):
+        for what, g, w in zip(("codes", "scales", "tensor scale"), got, plain(x, rand)):
           if w is not None:
             np.testing.assert_array_equal(bits_of(g), bits_of(w), err_msg=f"{name} {x.shape} "
                                           f"{jnp.dtype(dtype).name} SR {sr}: {what}")

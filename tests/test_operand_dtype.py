@@ -85,3 +85,65 @@ def test_vmapped_weights_gradients_equal_each_members(fresh_choice, dtype, x_bat
       np.testing.assert_allclose(vals[i], v, rtol=1e-6)
       np.testing.assert_allclose(gx[i], ex, rtol=1e-6, atol=1e-5)
       np.testing.assert_allclose(gw[i], ew, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "fp8_1x128"])
+def test_an_mxarray_along_its_rows_transposes_as_its_codes(fmt):
+  """`product._transposed` of an array quantized along its second to last axis (a batch
+  dim, 40 rows: ragged blocks and packing groups) dequantizes to the transpose of its
+  values: FP4 and FP6 codes are packed along that axis as rows pack theirs."""
+  from mxjax._src import formats, ops, product
+  bf = {"nvfp4": formats.NVFP4, "mxfp4": formats.mx("e2m1"), "mxfp6_e2m3": formats.mx("e2m3"),
+        "mxfp8_e4m3": formats.mx("e4m3"), "fp8_1x128": formats.FP8_1X128}[fmt]
+  x = jax.random.normal(jax.random.key(0), (2, 40, 24), jnp.float32)
+  a = ops.as_mxarray(*ops.quantize_raw(x, bf, 1), bf, 1, x)
+  t = product._transposed(a)
+  assert t.shape == (2, 24, 40) and t.axis == 2
+  want = jnp.swapaxes(ops.dequantize_raw(a, jnp.float32), 1, 2)
+  np.testing.assert_array_equal(np.asarray(ops.dequantize_raw(t, jnp.float32)),
+                                np.asarray(want))
+
+
+def _dot_operand_types(hlo: str) -> list[str]:
+  """The element type of each dot's operands in compiled HLO (inside fusions too), as
+  "bf16" or "f32" where the two agree."""
+  import re
+  defined = dict(re.findall(r"(%[\w.-]+) = (\w+)\[", hlo))
+  types = []
+  for a, b in re.findall(r" dot\((%[\w.-]+), (%[\w.-]+)\)", hlo):
+    types.append(defined[a] if defined[a] == defined[b] else f"{defined[a]} x {defined[b]}")
+  return types
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "fp8_block"])
+def test_every_gemm_of_a_training_product_takes_bf16_operands(fresh_choice, recipe):
+  """With bf16 operands the forward, dgrad and wgrad GEMMs all take them: the wgrad's lhs
+  (quantized along M) comes as its transposed codes, since XLA's CPU dot converts an lhs
+  contracting its first dim to f32 (at twice the cost). The gradients equal those with
+  f32 operands to f32 accumulation order."""
+  r = {"mxfp8": mxjax.MXFP8BlockScaling(), "fp8_block": mxjax.Float8BlockScaling(),
+       "nvfp4": mxjax.NVFP4BlockScaling(disable_stochastic_rounding=True)}[recipe]
+  kx, kw, kg = jax.random.split(jax.random.key(7), 3)
+  x = jax.random.normal(kx, (256, 128), jnp.bfloat16)
+  w = jax.random.normal(kw, (128, 64), jnp.bfloat16)
+  g = jax.random.normal(kg, (256, 64), jnp.bfloat16)
+
+  def grads(x, w):
+    f = mxjax.quantized(lambda x, w: x @ w)
+    with mxjax.autocast(recipe=r):
+      _, vjp = jax.vjp(f, x, w)
+    return vjp(g)
+
+  results = {}
+  for dtype in ("float32", "bfloat16"):
+    fresh_choice.setenv("MXJAX_CPU_OPERAND_DTYPE", dtype)
+    operand_dtype.cpu_operand_dtype.cache_clear()
+    jax.clear_caches()
+    fn = jax.jit(grads)
+    types = _dot_operand_types(fn.lower(x, w).compile().as_text())
+    short = {"bfloat16": "bf16", "float32": "f32"}[dtype]
+    assert len(types) == 2 and all(t == short for t in types), types  # dgrad, wgrad
+    results[dtype] = fn(x, w)
+  for got, want in zip(results["bfloat16"], results["float32"]):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2 ** -7 * np.abs(want).max())

@@ -107,3 +107,34 @@ def test_sr_gives_one_devices_bits_on_a_mesh(name, layout, kind):
   differ = {what: int(np.sum(bits(a) != bits(b))) for what, a, b in
             zip(("forward", "dgrad", "wgrad"), got, want) if not np.array_equal(bits(a), bits(b))}
   assert not differ, f"elements whose bits differ from one device's: {differ}"
+
+
+_QUANTIZE_FORMATS = (mxjax.nvfp4(), "e2m1")  # NVFP4 (tensor scale), MXFP4
+
+
+@jax.jit
+def _sr_quantize(g, key):
+  """Each format's SR quantize (data, scales) along both axes and SR fake_quantize of g."""
+  out = []
+  for fmt in _QUANTIZE_FORMATS:
+    for axis in (0, 1):
+      a = mxjax.quantize(g, fmt, axis=axis, rng=key)
+      out += [a.data, a.scales, mxjax.fake_quantize(g, fmt, axis=axis, rng=key)]
+  return out
+
+
+@pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_sr_quantize_gives_one_devices_bits_on_a_mesh(layout, kind):
+  """SR quantize and fake_quantize (bits made in the kernels from each shard's first
+  global index) of a sharded array equal one device's, rows and columns."""
+  shape, axes, _, _, _, g_spec = LAYOUTS[layout]
+  g = operands(layout)[2]
+  key = jax.random.key(KEY)
+  want = _sr_quantize(g, key)
+  mesh = jax.make_mesh(shape, axes, axis_types=(kind,) * len(axes))
+  with jax.set_mesh(mesh):
+    got = _sr_quantize(jax.device_put(g, NamedSharding(mesh, g_spec)), key)
+  for i, (a, b) in enumerate(zip(got, want)):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
+                                  err_msg=f"result {i}")

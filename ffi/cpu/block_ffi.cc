@@ -6,9 +6,11 @@
 //
 // Attributes: format (element id), scale (ScaleKind), scale_mode, block_rows, block_cols
 // ((1, b): 1-D blocks along `axis`; (b, b): 2-D tiles over the last two axes), axis.
-// Operands besides the data: `rand`, uint32 of x's shape (stochastic rounding) or of
-// shape (1,) (nearest even; attribute stochastic_rounding); `tensor_scale`, uint32[1] of
-// f32 bits (0: none). quantize_2x takes (1, b) blocks with b dividing 512, along the last
+// Operands besides the data: `rand`, under stochastic rounding (attribute
+// stochastic_rounding) either uint32 bits of x's shape (attribute `strides` empty) or
+// uint32[3] (seed0, seed1, base) with `strides` one per dim of x: the kernel makes
+// stochastic.py's random_bits of each element's index base + sum_d i_d * strides[d]
+// itself; else any uint32 (nearest even); `tensor_scale`, uint32[1] of f32 bits (0: none). quantize_2x takes (1, b) blocks with b dividing 512, along the last
 // axis (rows) and the one before (columns), with no stochastic rounding.
 //
 // Codes are packed along the quantized axis (1-D blocks: `axis`; 2-D tiles: the last
@@ -106,12 +108,41 @@ ffi::Error read_tensor_scale(const ffi::AnyBuffer& ts, BlockProblem& p) {
   return ffi::Error::Success();
 }
 
-// Fills p's input, view, stochastic-rounding bits (rand: none for quantize_2x) and tensor
-// scale for `op` of x; an error for bad ones.
+// p.counter from rand (uint32[3]: seed0, seed1, base) and the index strides of x's `dims`:
+// dims of length 1 dropped, neighbours merged where the index runs on from one to the next.
+ffi::Error read_counter(const ffi::AnyBuffer& rand, ffi::AnyBuffer::Dimensions dims,
+                        ffi::Span<const int64_t> strides, SRCounter& k) {
+  if (rand.element_type() != ffi::DataType::U32 || rand.element_count() != 3 ||
+      strides.size() != dims.size()) {
+    return invalid("stochastic rounding by index needs rand uint32[3] (seed0, seed1, base) "
+                   "and one stride per dim of x");
+  }
+  const uint32_t* r = static_cast<const uint32_t*>(rand.untyped_data());
+  k.seed0 = r[0], k.seed1 = r[1], k.base = r[2], k.rank = 0;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const uint32_t stride = uint32_t(strides[d]);  // modulo 2^32
+    if (dims[d] == 1) continue;
+    if (k.rank && k.strides[k.rank - 1] == uint32_t(dims[d]) * stride) {
+      k.dims[k.rank - 1] *= dims[d], k.strides[k.rank - 1] = stride;
+      continue;
+    }
+    if (k.rank == kMaxCounterRank) {
+      return invalid("stochastic rounding by index takes at most " +
+                     std::to_string(kMaxCounterRank) + " dims that do not merge");
+    }
+    k.dims[k.rank] = dims[d], k.strides[k.rank] = stride, ++k.rank;
+  }
+  if (k.rank == 0) k.dims[0] = 1, k.strides[0] = 0, k.rank = 1;
+  return ffi::Error::Success();
+}
+
+// Fills p's input, view, stochastic rounding (rand and strides: none for quantize_2x) and
+// tensor scale for `op` of x; an error for bad ones.
 ffi::Error input_view(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer* rand,
-                      const ffi::AnyBuffer& ts, int32_t format, int32_t scale, int32_t mode,
-                      int64_t block_rows, int64_t block_cols, int64_t axis,
-                      bool stochastic_rounding, BlockProblem& p) {
+                      ffi::Span<const int64_t> strides, const ffi::AnyBuffer& ts,
+                      int32_t format, int32_t scale, int32_t mode, int64_t block_rows,
+                      int64_t block_cols, int64_t axis, bool stochastic_rounding,
+                      BlockProblem& p) {
   auto dtype = high_precision(x.element_type());
   if (!dtype || *dtype == kF16) {  // f16 inputs come widened to f32 (mxjax._src.ops)
     return invalid(std::string(op) + " needs a bf16 or f32 input");
@@ -121,13 +152,24 @@ ffi::Error input_view(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuf
       !e.success()) {
     return e;
   }
-  if (rand && (rand->element_type() != ffi::DataType::U32 ||
-               (stochastic_rounding && rand->element_count() != x.element_count()))) {
+  if (rand && stochastic_rounding && strides.size() != 0) {
+    if (auto e = read_counter(*rand, x.dimensions(), strides, p.counter); !e.success()) return e;
+  } else if (rand && (rand->element_type() != ffi::DataType::U32 ||
+                      (stochastic_rounding && rand->element_count() != x.element_count()))) {
     return invalid("rand must be uint32 of x's shape under stochastic rounding");
+  } else if (rand && stochastic_rounding) {
+    p.rand = static_cast<const uint32_t*>(rand->untyped_data());
   }
-  p.rand = rand && stochastic_rounding ? static_cast<const uint32_t*>(rand->untyped_data())
-                                       : nullptr;
   return read_tensor_scale(ts, p);
+}
+
+// 1-D blocks along the last axis, each row whole tiles and packing groups: the rows end to
+// end as one (units as wide as any, however short the rows).
+void join_rows(BlockProblem& p) {
+  if (p.tile_rows == 1 && p.rows == 1 && !p.pack_rows && p.cols % p.tile_cols == 0 &&
+      p.cols % format_info(p.format)->group_codes == 0) {
+    p.cols *= p.batch, p.batch = 1;
+  }
 }
 
 // Points `codes` (packed along `axis` of x's dims) and `scales` at the outputs, or an error
@@ -163,10 +205,10 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
                           ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> codes,
                           ffi::Result<ffi::AnyBuffer> scales, int32_t format, int32_t scale,
                           int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
-                          bool stochastic_rounding) {
+                          bool stochastic_rounding, ffi::Span<const int64_t> strides) {
   BlockProblem p{};
-  if (auto e = input_view("block quantize", x, &rand, ts, format, scale, mode, block_rows,
-                          block_cols, axis, stochastic_rounding, p);
+  if (auto e = input_view("block quantize", x, &rand, strides, ts, format, scale, mode,
+                          block_rows, block_cols, axis, stochastic_rounding, p);
       !e.success()) {
     return ready_future(e);
   }
@@ -175,6 +217,7 @@ ffi::Future BlockQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
       !e.success()) {
     return ready_future(e);
   }
+  join_rows(p);
   p.stream = int64_t(x.size_bytes()) >= kStreamMinBytes;
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.quantize(p, b, e); },
@@ -188,10 +231,11 @@ ffi::Future RhtQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer r
                         ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> codes,
                         ffi::Result<ffi::AnyBuffer> scales, int32_t format, int32_t scale,
                         int32_t mode, int64_t block_rows, int64_t block_cols, int64_t axis,
-                        bool stochastic_rounding, ffi::Span<const float> signs) {
+                        bool stochastic_rounding, ffi::Span<const float> signs,
+                        ffi::Span<const int64_t> strides) {
   BlockProblem p{};
-  if (auto e = input_view("rht quantize", x, &rand, ts, format, scale, mode, block_rows,
-                          block_cols, axis, stochastic_rounding, p);
+  if (auto e = input_view("rht quantize", x, &rand, strides, ts, format, scale, mode,
+                          block_rows, block_cols, axis, stochastic_rounding, p);
       !e.success()) {
     return ready_future(e);
   }
@@ -230,6 +274,7 @@ ffi::Future RhtQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer r
                                  info.group_bytes * p.cols;
       band.scales = static_cast<char*>(p.scales) + u * p.cols * scale_bytes;
       band.rand = p.rand ? p.rand + (bi * p.rows + r0) * p.cols : nullptr;
+      band.counter_first = (bi * p.rows + r0) * p.cols;
       k.quantize(band, 0, units(band));
     }
   });
@@ -249,7 +294,7 @@ ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
   }
   BlockPair pair{};
   BlockProblem& row = pair.row;
-  if (auto e = input_view("block quantize_2x", x, nullptr, ts, format, scale, mode, 1,
+  if (auto e = input_view("block quantize_2x", x, nullptr, {}, ts, format, scale, mode, 1,
                           block_cols, rank - 1, false, row);
       !e.success()) {
     return ready_future(e);
@@ -280,16 +325,18 @@ ffi::Future BlockQuantize2x(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
 ffi::Future BlockFakeQuantize(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer rand,
                               ffi::AnyBuffer ts, ffi::Result<ffi::AnyBuffer> out, int32_t format,
                               int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
-                              int64_t axis, bool stochastic_rounding) {
+                              int64_t axis, bool stochastic_rounding,
+                              ffi::Span<const int64_t> strides) {
   BlockProblem p{};
-  if (auto e = input_view("block fake_quantize", x, &rand, ts, format, scale, mode, block_rows,
-                          block_cols, axis, stochastic_rounding, p);
+  if (auto e = input_view("block fake_quantize", x, &rand, strides, ts, format, scale, mode,
+                          block_rows, block_cols, axis, stochastic_rounding, p);
       !e.success()) {
     return ready_future(e);
   }
   if (out->element_type() != ffi::DataType::F32 || out->element_count() != x.element_count()) {
     return ready_future(invalid("out must be float32 of x's shape"));
   }
+  join_rows(p);
   p.out = static_cast<float*>(out->untyped_data());
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.fake_quantize(p, b, e); },
@@ -301,9 +348,8 @@ ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::Any
                             int32_t scale, int32_t mode, int64_t block_rows, int64_t block_cols,
                             int64_t axis, bool apply_tensor_scale) {
   BlockProblem p{};
-  if (out->element_type() != ffi::DataType::F32) {
-    return ready_future(invalid("out must be float32"));
-  }
+  auto out_dtype = high_precision(out->element_type());
+  if (!out_dtype) return ready_future(invalid("out must be float32, bfloat16 or float16"));
   auto dims = out->dimensions();  // x's
   if (auto e = block_view(dims, format, scale, mode, block_rows, block_cols, axis, p);
       !e.success()) {
@@ -318,7 +364,12 @@ ffi::Future BlockDequantize(ffi::ThreadPool pool, ffi::AnyBuffer codes, ffi::Any
   p.in_codes = static_cast<const uint8_t*>(codes.untyped_data());
   p.in_scales = scales.untyped_data();
   p.apply_tensor_scale = apply_tensor_scale;
-  p.out = static_cast<float*>(out->untyped_data());
+  p.out_dtype = *out_dtype;
+  if (p.out_dtype == kF32) {
+    p.out = static_cast<float*>(out->untyped_data());
+  } else {
+    p.out16 = static_cast<uint16_t*>(out->untyped_data());
+  }
   const BlockKernels& k = *kernels().block;
   return run_units(pool, p, [&k, p](int64_t b, int64_t e) { k.dequantize(p, b, e); });
 }
@@ -342,7 +393,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantizeCpu, mxjax::cpu::BlockQuantize,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
-                                  .Attr<bool>("stochastic_rounding"));
+                                  .Attr<bool>("stochastic_rounding")
+                                  .Attr<xla::ffi::Span<const int64_t>>("strides"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxRhtQuantizeCpu, mxjax::cpu::RhtQuantize,
                               xla::ffi::Ffi::Bind()
@@ -353,7 +405,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxRhtQuantizeCpu, mxjax::cpu::RhtQuantize,
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
                                   .Attr<bool>("stochastic_rounding")
-                                  .Attr<xla::ffi::Span<const float>>("signs"));
+                                  .Attr<xla::ffi::Span<const float>>("signs")
+                                  .Attr<xla::ffi::Span<const int64_t>>("strides"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockQuantize2xCpu, mxjax::cpu::BlockQuantize2x,
                               xla::ffi::Ffi::Bind()
@@ -372,7 +425,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockFakeQuantizeCpu, mxjax::cpu::BlockFakeQu
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>() MXJAX_BLOCK_ATTRS
-                                  .Attr<bool>("stochastic_rounding"));
+                                  .Attr<bool>("stochastic_rounding")
+                                  .Attr<xla::ffi::Span<const int64_t>>("strides"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MxjaxBlockDequantizeCpu, mxjax::cpu::BlockDequantize,
                               xla::ffi::Ffi::Bind()

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__AVX512BW__)
 #include <immintrin.h>  // _mm_stream_si128, _mm_sfence
@@ -64,6 +65,47 @@ int64_t packed_offset(const BlockProblem& p, int64_t b, int64_t r, int64_t c) {
   constexpr int kG = F::group_codes, kB = F::group_bytes;
   if (p.pack_rows) return (b * ceil_div(p.rows, kG) * kB + r / kG * kB) * p.cols + c;
   return (b * p.rows + r) * (ceil_div(p.cols, kG) * kB) + c / kG * kB;
+}
+
+// Runs along x's last dim shorter than this (the RHT's rows) get their indices written
+// first, then hashed in one loop: random_bits's setup would cost more than a short run.
+constexpr int64_t kShortRun = 64;
+
+// Stochastic rounding's bits of x's elements [start, start + n) (row-major): p.rand's, or
+// made from p.counter into buf (n entries) one run along x's last dim at a time.
+const uint32_t* sr_bits(const BlockProblem& p, int64_t start, int64_t n, uint32_t* buf) {
+  if (p.rand) return p.rand + start;
+  start += p.counter_first;
+  const cpu::SRCounter& k = p.counter;
+  const int last = k.rank - 1;
+  const int64_t len = k.dims[last], total = n;
+  const uint32_t step = k.strides[last];
+  int64_t c = start % len, row = start / len, at[cpu::kMaxCounterRank];
+  uint32_t first = k.base;  // the index of the run's element 0
+  for (int d = last - 1; d >= 0; --d) {
+    at[d] = row % k.dims[d], row /= k.dims[d];
+    first += uint32_t(at[d]) * k.strides[d];
+  }
+  uint32_t offsets[kShortRun];  // short runs: element j's index less the run's first
+  const bool short_runs = len < kShortRun;
+  for (int64_t j = 0; short_runs && j < len; ++j) offsets[j] = uint32_t(j) * step;
+  for (uint32_t* out = buf; n > 0; c = 0) {
+    const int64_t m = min64(n, len - c);
+    if (short_runs) {
+      for (int64_t j = 0; j < m; ++j) out[j] = first + offsets[c + j];
+    } else {
+      random_bits(k.seed0, k.seed1, first + uint32_t(c) * step, step, m, out);
+    }
+    out += m, n -= m;
+    for (int d = last - 1; d >= 0; --d) {  // the next run (an odometer over the other dims)
+      first += k.strides[d];
+      if (++at[d] < k.dims[d]) break;
+      first -= uint32_t(k.dims[d]) * k.strides[d];
+      at[d] = 0;
+    }
+  }
+  if (short_runs) random_bits_of(k.seed0, k.seed1, total, buf);
+  return buf;
 }
 
 // A batch of units' tiles: amax, multiplier m and decode scale d (as Sigs and f32 values),
@@ -558,6 +600,8 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
   uint32_t spg[cpu::kUnitCols];
   Span spans[kMaxBatch];
   int64_t first[kMaxBatch + 1], sidx[kMaxBatch];
+  // Counter bits of a unit's rows (pack_rows: group_codes of them at a time).
+  std::vector<uint32_t> bits(kSR && !p.rand ? kG * cpu::unit_cols(p) : 0);
   UnitIter it(p, begin);
 #ifdef MXJAX_FP4_THRESHOLDS
   constexpr bool kThresholds = std::is_same_v<F, E2M1> && std::is_same_v<In, BF16> && !kSR &&
@@ -700,7 +744,7 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
         for (int64_t r = s.r0; r < s.r1; ++r) {
           const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
           const T* xr = x + start;
-          const uint32_t* rr = kSR ? p.rand + start : nullptr;
+          const uint32_t* rr = kSR ? sr_bits(p, start, width, bits.data()) : nullptr;
           float* o = p.out + start;
           if (spread) {
             fake_run<F, In, kSR, true, true>(width, xr, rr, o, mfg, msig, mexp, dfe, dsig, dexp,
@@ -739,7 +783,9 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
           for (int e = 0; e < 4; ++e) {
             const int64_t start = (s.b * p.rows + r + (e < rows ? e : 0)) * p.cols + s.c0;
             xs[e] = x + start;
-            if (kSR) rs[e] = p.rand + start;
+            if (kSR) {
+              rs[e] = e < rows ? sr_bits(p, start, width, bits.data() + e * width) : rs[0];
+            }
           }
           uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
           uint8_t* o1 = kB > 1 ? o + p.cols : o;
@@ -759,7 +805,7 @@ void quantize_units(const BlockProblem& p, int64_t begin, int64_t end, Shared& s
       for (int64_t r = s.r0; r < s.r1; ++r) {  // packed along the row
         const int64_t start = (s.b * p.rows + r) * p.cols + s.c0;
         const T* xr = x + start;
-        const uint32_t* rr = kSR ? p.rand + start : nullptr;
+        const uint32_t* rr = kSR ? sr_bits(p, start, width, bits.data()) : nullptr;
         uint8_t* o = p.codes + packed_offset<F>(p, s.b, r, s.c0);
         if (spread || (tc == 1 && kG == 1)) {  // tile j = group g
           const int64_t full = width / kG;
@@ -884,6 +930,20 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
   DecodeTiles t;
   uint32_t nang[cpu::kUnitCols];
   float dfg[cpu::kUnitCols];
+  // A 16-bit output: each row's f32 values go to `row` first, then narrowed (RNE) in place.
+  const bool out16 = p.out_dtype != cpu::kF32;
+  std::vector<float> row(out16 ? cpu::unit_cols(p) : 0);
+  auto out_at = [&](int64_t off) { return out16 ? row.data() : p.out + off; };
+  auto narrowed = [&](int64_t off, int64_t width) {
+    if (!out16) return;
+    uint16_t* __restrict o = p.out16 + off;
+    const float* __restrict v = row.data();
+    if (p.out_dtype == cpu::kBF16) {
+      for (int64_t c = 0; c < width; ++c) o[c] = f32_to_bf16(as_bits(v[c]));
+    } else {
+      for (int64_t c = 0; c < width; ++c) o[c] = f32_to_f16(as_bits(v[c]));
+    }
+  };
   UnitIter it(p, begin);
   for (int64_t u = begin; u < end; ++u, it.next()) {
     const Span s = it.span();
@@ -921,11 +981,12 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         const int64_t off = (s.b * p.rows + r) * p.cols + s.c0;
         if (p.tile_cols == 16) {
           fp4_value_run<16>(width / 32, p.in_codes + packed_offset<F>(p, s.b, r, s.c0),
-                            urows[0], p.out + off);
+                            urows[0], out_at(off));
         } else {
           fp4_value_run<32>(width / 32, p.in_codes + packed_offset<F>(p, s.b, r, s.c0),
-                            urows[0], p.out + off);
+                            urows[0], out_at(off));
         }
+        narrowed(off, width);
       }
       continue;
     }
@@ -938,7 +999,8 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
         const uint8_t* in1 = kB > 1 ? in + p.cols : in;
         const uint8_t* in2 = kB > 2 ? in + 2 * p.cols : in;
         const uint32_t shift = uint32_t(F::bits * (r % kG));
-        float* out = p.out + (s.b * p.rows + r) * p.cols + s.c0;
+        const int64_t off = (s.b * p.rows + r) * p.cols + s.c0;
+        float* out = out_at(off);
         if (all_fast) {
           unpack_rows_run<F, true>(width, in, in1, in2, shift, out, t.df, t.dsig, t.dexp, t.nan,
                                    tsf, ts);
@@ -946,6 +1008,7 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
           unpack_rows_run<F, false>(width, in, in1, in2, shift, out, t.df, t.dsig, t.dexp, t.nan,
                                     tsf, ts);
         }
+        narrowed(off, width);
       }
       continue;
     }
@@ -955,7 +1018,8 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
     }
     for (int64_t r = s.r0; r < s.r1; ++r) {
       const uint8_t* in = p.in_codes + packed_offset<F>(p, s.b, r, s.c0);
-      float* out = p.out + (s.b * p.rows + r) * p.cols + s.c0;
+      const int64_t off = (s.b * p.rows + r) * p.cols + s.c0;
+      float* out = out_at(off);
       if (spread || (tc == 1 && kG == 1)) {
         const int64_t full = width / kG;
         const float* df = spread ? dfg : t.df;
@@ -981,6 +1045,7 @@ void dequantize_units(const BlockProblem& p, int64_t begin, int64_t end) {
       } else {
         unpack_scalar<F>(0, width, tc, in, out, t, tsf, ts);
       }
+      narrowed(off, width);
     }
   }
 }
@@ -999,7 +1064,7 @@ void quantize_dispatch(const BlockProblem& p, int64_t begin, int64_t end, Shared
           default: return quantize_units<F, In, kSR, kFake, 0>(p, begin, end, shared);
         }
       };
-      if (p.rand) {
+      if (p.rand || p.counter.rank) {
         width(std::true_type{});
       } else {
         width(std::false_type{});

@@ -79,6 +79,17 @@ struct FakeQuantizeProblem {
 // [batch, storage(rows), cols]), else along the columns ([batch, rows, storage(cols)]).
 // A unit's first column (and, where pack_rows, its first row, unless one tile row covers
 // all rows) starts a packing group, so units never share a byte.
+// Stochastic rounding's bits made inside a block kernel (no array of them): those of
+// stochastic.py's random_bits for each element's global index, base + sum_d i_d *
+// strides[d] (modulo 2^32) over x's dims (merged where they are contiguous in the index).
+constexpr int kMaxCounterRank = 8;
+struct SRCounter {
+  uint32_t seed0, seed1, base;
+  int32_t rank;  // 0: no counter
+  int64_t dims[kMaxCounterRank];
+  uint32_t strides[kMaxCounterRank];
+};
+
 struct BlockProblem {
   int32_t format, scale, mode;
   int64_t tile_rows, tile_cols, batch, rows, cols;
@@ -87,13 +98,18 @@ struct BlockProblem {
   uint32_t tensor_scale;  // f32 bits of the FP32 tensor scale; 0 where there is none
   const void* x;          // quantize / fake_quantize: bf16, f16 or f32 (dtype)
   int32_t dtype;
-  const uint32_t* rand;   // stochastic-rounding bits of x's shape, or nullptr (nearest even)
+  const uint32_t* rand;   // stochastic-rounding bits of x's shape, or nullptr
+  SRCounter counter;      // or stochastic rounding's bits made by the kernel (rank > 0);
+                          // neither: nearest even
+  int64_t counter_first;  // the counter's row-major index of element 0 (an RHT band's)
   uint8_t* codes;         // quantize: packed codes (see above)
   void* scales;           // quantize: [batch, ceil(rows/tr), ceil(cols/tc)], u8 or f32 bits
   const uint8_t* in_codes;  // dequantize: as codes
   const void* in_scales;    // dequantize: as scales
   bool apply_tensor_scale;  // dequantize: divide by the tensor scale
   float* out;               // dequantize / fake_quantize (no tensor scale applied): f32
+  int32_t out_dtype = kF32;  // dequantize: out's (f32) or out16's (bf16, f16; RNE) type
+  uint16_t* out16;
 };
 
 // Columns of a BlockProblem's work unit: whole tiles, about kUnitCols, a multiple of 4 (so

@@ -17,6 +17,10 @@ inline namespace MXJAX_ISA_NS {
 void random_bits(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
                  uint32_t* out);
 
+// bits[j] = the bits of index bits[j] (as random_bits's), in place, for j in [0, n): for
+// indices that runs of a few elements each make.
+void random_bits_of(uint32_t seed0, uint32_t seed1, int64_t n, uint32_t* bits);
+
 }  // namespace MXJAX_ISA_NS
 }  // namespace mxjax
 

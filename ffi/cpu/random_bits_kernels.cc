@@ -20,10 +20,15 @@ inline uint32_t mix(uint32_t h) {  // lowbias32, as stochastic.py's _mix
 
 void random_bits(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
                  uint32_t* __restrict out) {
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t index = first + uint32_t(j) * step;
-    out[j] = mix(mix(index * 0x9E3779B9u ^ seed0) ^ seed1);
-  }
+  // (first + j * step) * golden as a running sum (modulo 2^32): an add an element, where a
+  // multiply of the index would take two.
+  uint32_t h = first * 0x9E3779B9u;
+  const uint32_t dh = step * 0x9E3779B9u;
+  for (int64_t j = 0; j < n; ++j, h += dh) out[j] = mix(mix(h ^ seed0) ^ seed1);
+}
+
+void random_bits_of(uint32_t seed0, uint32_t seed1, int64_t n, uint32_t* __restrict bits) {
+  for (int64_t j = 0; j < n; ++j) bits[j] = mix(mix(bits[j] * 0x9E3779B9u ^ seed0) ^ seed1);
 }
 
 }  // namespace MXJAX_ISA_NS

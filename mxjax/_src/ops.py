@@ -13,8 +13,9 @@ quantized whole), and no derivative (see `fake_quantize` for a straight-through 
 Every kernel writes and reads the codes as MXArray holds them: packed along the quantized
 axis (2-D tiles: the last axis), the element format's `storage_length` entries along it.
 NVFP4's tensor scale comes from `tensor_amax` (the mxjax_tensor_amax kernel per shard,
-then the max over the shards), stochastic rounding's bits from `random_bits_like` (the
-mxjax_random_bits kernel, each shard's from its first global index).
+then the max over the shards). Stochastic rounding's bits come as an array or as a
+`stochastic.Counter`, which the CPU block kernels turn into bits as they round (each
+shard's from its first global index); elsewhere XLA makes them inside the op.
 """
 
 from __future__ import annotations
@@ -44,17 +45,6 @@ def per_platform(target: str, ffi_fn, xla_fn, *args):
   fns = ffi_fn if isinstance(ffi_fn, dict) else dict.fromkeys(platforms, ffi_fn)
   return jax.lax.platform_dependent(*args, default=xla_fn, **{
       p: _varying_like(fns[p], args) for p in platforms})
-
-
-def _block_kernel(ffi_fn) -> dict:
-  """{platform: `ffi_fn`} for a call of x (its first argument) to a block-format kernel:
-  the CPU kernels are compiled for bf16 and f32 inputs, so they get f16 widened to f32
-  (exact; a third input type would cost a third more of their build)."""
-
-  def cpu(x, *args):
-    return ffi_fn(x.astype(jnp.float32) if x.dtype == jnp.float16 else x, *args)
-
-  return {"cpu": cpu, "cuda": ffi_fn}
 
 
 def _varying_like(ffi_fn, args):
@@ -114,9 +104,10 @@ def _op(call, name: str, batched=None, hint: str = STRAIGHT_THROUGH_HINT):
   return jax.jit(no_derivative(op, name, hint))
 
 
-def _partitioned(call, fmt: BlockFormat, axes, kind: str):
-  """`call` with the sharding rule of `kind` over its blocked `axes`; 2-D tiles (except
-  fake_quantize, whose result is x-shaped) run on the whole array."""
+def _partitioned(call, fmt: BlockFormat, axes, kind: str, sr=None):
+  """`call` with the sharding rule of `kind` over its blocked `axes` (and, for a counter
+  `sr`, each shard's base; see `_sr_operand`); 2-D tiles (except fake_quantize, whose
+  result is x-shaped) run on the whole array."""
   if fmt.two_d and kind != "fake_quantize":
     def whole(*args):
       if any(sharding.typed_spec(a) is not None for a in args):
@@ -125,7 +116,8 @@ def _partitioned(call, fmt: BlockFormat, axes, kind: str):
     return whole
   b = fmt.block_size
   return sharding.blockwise_partitioned(call, (-2, -1) if fmt.two_d else axes, b,
-                                        fmt.element_format.storage_length(b), kind=kind)
+                                        fmt.element_format.storage_length(b), kind=kind,
+                                        index_strides=sr if isinstance(sr, tuple) else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -179,6 +171,55 @@ def ts_bits(ts):
   return jax.lax.bitcast_convert_type(jnp.reshape(ts, (1,)).astype(jnp.float32), jnp.uint32)
 
 
+def _sr_operand(rand, shape):
+  """(sr, the ops' rand operand) for stochastic rounding by `rand` of x of `shape`: None
+  (nearest even; uint32[1] zeros), uint32 bits of x's shape ("bits"), or a
+  `stochastic.Counter` (its index strides; uint32[3]: seed[0], seed[1], base 0)."""
+  if rand is None:
+    return None, _NO_BITS
+  if isinstance(rand, stochastic.Counter):
+    seed = jnp.asarray(rand.seed, jnp.uint32).reshape(2)
+    return rand.strides_of(shape), jnp.concatenate([seed, jnp.zeros((1,), jnp.uint32)])
+  return "bits", jnp.asarray(rand, jnp.uint32)
+
+
+def _bits(sr, rand, x):
+  """The bits the operand `rand` stands for under `sr` (`_sr_operand`), counters' made in
+  XLA once x exists; None for nearest even."""
+  if not isinstance(sr, tuple):
+    return rand if sr else None
+  return stochastic.after(stochastic.random_bits(rand[:2], x.shape, sr, rand[2]), x)
+
+
+def _cpu_input(x):
+  """x for a CPU block-format kernel: they are compiled for bf16 and f32 inputs, so f16
+  comes widened to f32 (exact; a third input type would cost a third more of their
+  build)."""
+  return x.astype(jnp.float32) if x.dtype == jnp.float16 else x
+
+
+def _block_kernel(target: str, types, post, fmt: BlockFormat, axis: int, sr, **attrs):
+  """{platform: (x, rand, ts_bits) -> `post(results, x)` of the block kernel `target`
+  (result types `types(x)`; `attrs` besides the format's)}: a counter goes to the CPU
+  kernel, which makes its bits (x as `_cpu_input`), elsewhere XLA makes them first."""
+
+  def call(platform, x, rand, ts):
+    kw = dict(_block_attrs(fmt, axis), stochastic_rounding=sr is not None, **attrs)
+    if platform == "cpu":
+      kw["strides"] = np.asarray(sr if isinstance(sr, tuple) else (), np.int64)
+      x = _cpu_input(x)
+    elif isinstance(sr, tuple):
+      rand = _bits(sr, rand, x)
+    return post(jax.ffi.ffi_call(target, types(x))(x, rand, ts, **kw), x)
+
+  return {p: functools.partial(call, p) for p in ("cpu", "cuda")}
+
+
+def _batched_sr(sr):
+  """`sr` under a new leading axis: each example's counter bits are those of its own index."""
+  return (0, *sr) if isinstance(sr, tuple) else sr
+
+
 def fuses_rht(shape, fmt: BlockFormat, axis: int, n: int) -> bool:
   """Whether the CPU kernels quantize x's RHT along `axis` (non-negative) without an f32
   copy of it: 1-D blocks of whole runs and packing groups, a dimension after the axis."""
@@ -188,46 +229,52 @@ def fuses_rht(shape, fmt: BlockFormat, axis: int, n: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _quantize_op(fmt: BlockFormat, axis: int, sr: bool, rht: tuple[float, ...] | None = None):
-  """(x, rand, ts_bits) -> (data, scales); of x's RHT along `axis` (`hadamard.rht`, the
-  axis a whole number of runs) where `rht` (its signs) is given."""
+def _quantize_op(fmt: BlockFormat, axis: int, sr, rht: tuple[float, ...] | None = None):
+  """(x, rand, ts_bits) -> (data, scales); `sr` and rand as `_sr_operand` makes them; of
+  x's RHT along `axis` (`hadamard.rht`, the axis a whole number of runs) where `rht` (its
+  signs) is given."""
 
   def xla(x, rand, ts):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
-    return codec.quantize(x, fmt, axis, rand if sr else None, ts)[:2]
+    return codec.quantize(x, fmt, axis, _bits(sr, rand, x), ts)[:2]
 
-  mx = fmt.mx_kernels and not sr
+  def types(x):
+    return quantized_types(x.shape, fmt, axis)
 
-  def ffi(x, rand, ts, target="mxjax_block_quantize", **attrs):
-    data, scales = quantized_types(x.shape, fmt, axis)
-    if mx and not attrs:
-      return jax.ffi.ffi_call("mxjax_quantize", (data, scales))(x, **_mx_attrs(fmt, axis))
-    codes, s = jax.ffi.ffi_call(target, (_raw(data), _raw(scales)))(
-        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr, **attrs)
-    return _from_raw(codes, data), _from_raw(s, scales)
+  def raw_types(x):
+    return tuple(map(_raw, types(x)))
 
-  target = "mxjax_quantize" if mx else "mxjax_block_quantize"
-  kernel = ffi if mx else _block_kernel(ffi)
+  def from_raw(out, x):
+    return tuple(map(_from_raw, out, types(x)))
+
+  if fmt.mx_kernels and not sr:
+    target = "mxjax_quantize"
+    ffi = lambda x, rand, ts: jax.ffi.ffi_call(  # noqa: E731
+        target, types(x))(x, **_mx_attrs(fmt, axis))
+  else:
+    target = "mxjax_block_quantize"
+    ffi = _block_kernel(target, raw_types, from_raw, fmt, axis, sr)
 
   def local(x, rand, ts):
     if rht is None:
-      return per_platform(target, kernel, xla, x, rand, ts)
+      return per_platform(target, ffi, xla, x, rand, ts)
     signs = np.asarray(rht, np.float32)
     rotated = lambda x, rand, ts: per_platform(  # noqa: E731
-        target, kernel, xla, hadamard.rht(x, axis, signs), rand, ts)
+        target, ffi, xla, hadamard.rht(x, axis, signs), rand, ts)
     if not fuses_rht(x.shape, fmt, axis, len(signs)):
       return rotated(x, rand, ts)
-    fused = _block_kernel(functools.partial(ffi, target="mxjax_rht_quantize", signs=signs))
+    fused = _block_kernel("mxjax_rht_quantize", raw_types, from_raw, fmt, axis, sr,
+                          signs=signs)
     return per_platform("mxjax_rht_quantize", {"cpu": fused["cpu"]}, rotated, x, rand, ts)
 
-  call = _partitioned(local, fmt, (axis,), "quantize")
+  call = _partitioned(local, fmt, (axis,), "quantize", sr)
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
       plain = xla if rht is None else lambda x, *a: xla(  # noqa: E731
           hadamard.rht(x, axis, np.asarray(rht, np.float32)), *a)
       return jax.vmap(plain, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
-    return _quantize_op(fmt, axis + 1, sr, rht)(x, rand, ts)
+    return _quantize_op(fmt, axis + 1, _batched_sr(sr), rht)(x, rand, ts)
 
   return _op(call, "mxjax.quantize", batched)
 
@@ -252,7 +299,7 @@ def _quantize_2x_op(fmt: BlockFormat):
 
   target = "mxjax_quantize_2x" if fmt.mx_kernels else (
       "mxjax_block_quantize_2x" if 512 % fmt.block_size == 0 else "")
-  kernel = ffi if fmt.mx_kernels else _block_kernel(ffi)
+  kernel = ffi if fmt.mx_kernels else {"cpu": lambda x, ts: ffi(_cpu_input(x), ts), "cuda": ffi}
   call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (-1, -2),
                       "quantize")
   return _op(call, "mxjax.quantize_2x",
@@ -272,7 +319,7 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
       ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32)
       return codec.dequantize(data, scales, ts, fmt, axis, local, dtype, apply_ts)
 
-    def ffi(data, scales, ts):
+    def ffi(data, scales, ts, out_dtype=jnp.float32):
       shape = list(data.shape)
       shape[packed] = local
       if fmt.mx_kernels:
@@ -282,12 +329,14 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
       codes = jax.lax.bitcast_convert_type(data, jnp.uint8)
       raw = jax.lax.bitcast_convert_type(scales, _raw(scales).dtype)
       out = jax.ffi.ffi_call("mxjax_block_dequantize",
-                             jax.ShapeDtypeStruct(tuple(shape), jnp.float32))(
+                             jax.ShapeDtypeStruct(tuple(shape), out_dtype))(
           codes, raw, ts, **_block_attrs(fmt, axis), apply_tensor_scale=apply_ts)
       return to_dtype(out, dtype)
 
-    target = "mxjax_dequantize" if fmt.mx_kernels else "mxjax_block_dequantize"
-    return per_platform(target, ffi, xla, data, scales, ts)
+    if fmt.mx_kernels:
+      return per_platform("mxjax_dequantize", ffi, xla, data, scales, ts)
+    return per_platform("mxjax_block_dequantize", {  # CUDA's kernel writes f32
+        "cpu": functools.partial(ffi, out_dtype=dtype), "cuda": ffi}, xla, data, scales, ts)
 
   def batched(in_batched, data, scales, ts):
     if fmt.two_d or in_batched[2]:
@@ -303,44 +352,40 @@ def _dequantize_op(fmt: BlockFormat, axis: int, length: int, dtype, apply_ts: bo
 
 
 @functools.lru_cache(maxsize=None)
-def _fake_quantize_op(fmt: BlockFormat, axis: int, sr: bool, dtype):
+def _fake_quantize_op(fmt: BlockFormat, axis: int, sr, dtype):
   """(x, rand, ts_bits) -> dequantize(quantize(x along `axis`)) of `dtype`, without the
-  tensor scale: one kernel pass where the platform has the fused kernel."""
+  tensor scale: one kernel pass where the platform has the fused kernel (`sr` and rand as
+  `_sr_operand` makes them)."""
 
   def xla(x, rand, ts):
     ts = jax.lax.bitcast_convert_type(ts[0], jnp.float32) if fmt.tensor_scale else None
-    data, scales, _ = codec.quantize(x, fmt, axis, rand if sr else None, ts)
+    data, scales, _ = codec.quantize(x, fmt, axis, _bits(sr, rand, x), ts)
     return codec.dequantize(data, scales, ts, fmt, axis, x.shape[-1 if fmt.two_d else axis],
                             dtype, apply_tensor_scale=False)
 
-  mx = fmt.mx_kernels and not sr
-
-  def ffi(x, rand, ts):
-    if mx:
-      return jax.ffi.ffi_call("mxjax_fake_quantize", jax.ShapeDtypeStruct(x.shape, dtype))(
-          x, **_mx_attrs(fmt, axis))
-    out = jax.ffi.ffi_call("mxjax_block_fake_quantize",
-                           jax.ShapeDtypeStruct(x.shape, jnp.float32))(
-        x, rand, ts, **_block_attrs(fmt, axis), stochastic_rounding=sr)
-    return to_dtype(out, dtype)
-
-  target = "mxjax_fake_quantize" if mx else "mxjax_block_fake_quantize"
-  kernel = ffi if mx else _block_kernel(ffi)
-  call = _partitioned(lambda *a: per_platform(target, kernel, xla, *a), fmt, (axis,),
-                      "fake_quantize")
+  if fmt.mx_kernels and not sr:
+    target = "mxjax_fake_quantize"
+    ffi = lambda x, rand, ts: jax.ffi.ffi_call(  # noqa: E731
+        target, jax.ShapeDtypeStruct(x.shape, dtype))(x, **_mx_attrs(fmt, axis))
+  else:
+    target = "mxjax_block_fake_quantize"
+    ffi = _block_kernel(target, lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                        lambda out, x: to_dtype(out, dtype), fmt, axis, sr)
+  call = _partitioned(lambda *a: per_platform(target, ffi, xla, *a), fmt, (axis,),
+                      "fake_quantize", sr)
 
   def batched(in_batched, x, rand, ts):
     if fmt.two_d or not in_batched[0] or any(in_batched[1:]):
       return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(x, rand, ts)
-    return _fake_quantize_op(fmt, axis + 1, sr, dtype)(x, rand, ts)
+    return _fake_quantize_op(fmt, axis + 1, _batched_sr(sr), dtype)(x, rand, ts)
 
   return _op(call, "mxjax.fake_quantize's quantizer", batched, _FAKE_QUANTIZE_HINT)
 
 
 def to_dtype(x, dtype):
   """An f32 array as `dtype`, rounded half to even with subnormals (whatever the
-  platform's FTZ)."""
-  if jnp.dtype(dtype) == jnp.float32:
+  platform's FTZ); an array of `dtype` as it is."""
+  if x.dtype == jnp.dtype(dtype):
     return x
   return fb.from_f32_bits(jax.lax.bitcast_convert_type(x, jnp.uint32), dtype)
 
@@ -386,10 +431,10 @@ def _amax_local(x, rht=None):
 
   def fused(x):
     amax = jax.ffi.ffi_call("mxjax_rht_amax", jax.ShapeDtypeStruct((1,), jnp.uint32))(
-        x, axis=np.int64(axis), signs=signs)
+        _cpu_input(x), axis=np.int64(axis), signs=signs)
     return jnp.reshape(amax, ())
 
-  return per_platform("mxjax_rht_amax", {"cpu": _block_kernel(fused)["cpu"]}, rotated, x)
+  return per_platform("mxjax_rht_amax", {"cpu": fused}, rotated, x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -457,16 +502,11 @@ def random_bits_like(seed, x, strides=None) -> jax.Array:
   return _random_bits_op(strides)(jnp.asarray(seed, jnp.uint32), np.zeros((1,), np.uint32), x)
 
 
-def rand_bits(rng, x):
-  """Stochastic-rounding bits for x from a key (None: nearest even)."""
-  return None if rng is None else random_bits_like(stochastic.seed_of(rng), x)
-
-
 def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None, rht=None):
   """(data, scales, tensor scale) of x quantized along `axis` (non-negative): the op
-  `quantize` wraps. `rand`: uint32 bits of x's shape (stochastic rounding). `rht`: the
-  signs of an RHT along `axis` (`hadamard.rht`; the axis a whole number of runs) that x
-  is quantized after, and the tensor scale is computed of."""
+  `quantize` wraps. `rand` (stochastic rounding): uint32 bits of x's shape or a
+  `stochastic.Counter`. `rht`: the signs of an RHT along `axis` (`hadamard.rht`; the axis
+  a whole number of runs) that x is quantized after, and the tensor scale is computed of."""
   if rht is not None:
     rht = tuple(map(float, rht))
     if x.shape[axis] % len(rht):
@@ -474,8 +514,8 @@ def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None, rht=None):
                        f"its {len(rht)}")
   if fmt.tensor_scale and ts is None:
     ts = tensor_scale(x, fmt, None if rht is None else (axis, rht))
-  bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
-  data, scales = _quantize_op(fmt, axis, rand is not None, rht)(x, bits, ts_bits(ts))
+  sr, operand = _sr_operand(rand, x.shape)
+  data, scales = _quantize_op(fmt, axis, sr, rht)(x, operand, ts_bits(ts))
   return data, scales, ts
 
 
@@ -495,8 +535,8 @@ def values(x, fmt: BlockFormat, axis: int, dtype, rand=None):
   """(dequantize(quantize(x)) without the tensor scale, in `dtype`; the tensor's decode
   factor 1 / S as f32, or None): what a GEMM multiplies, and what scales its output."""
   ts = tensor_scale(x, fmt)
-  bits = _NO_BITS if rand is None else jnp.asarray(rand, jnp.uint32)
-  y = _fake_quantize_op(fmt, axis, rand is not None, jnp.dtype(dtype))(x, bits, ts_bits(ts))
+  sr, operand = _sr_operand(rand, x.shape)
+  y = _fake_quantize_op(fmt, axis, sr, jnp.dtype(dtype))(x, operand, ts_bits(ts))
   return y, None if ts is None else 1.0 / ts
 
 

@@ -196,7 +196,7 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None, gemm=None) -> ja
   applied."""
   dtype = _operand_dtype(_fmt(a), _fmt(b))
 
-  def with_operands(dtype, dot):
+  def with_operands(dtype, dot, a=a):
     def run_():
       (va, sa), (vb, sb) = _values(a, dtype), _values(b, dtype)
       out = dot(va, vb)
@@ -212,11 +212,33 @@ def _dot_of(a, b, contract: tuple[int, int], out_sharding=None, gemm=None) -> ja
     return with_operands(jnp.dtype(jnp.float32), gemm)()
   dot = functools.partial(_dot, contract=contract, out_sharding=out_sharding)
   cpu_dtype = cpu_operand_dtype() if dtype == jnp.bfloat16 else jnp.dtype(jnp.float32)
-  cpu_dot = _cpu_bf16_dot(contract, out_sharding) if cpu_dtype == jnp.bfloat16 else dot
-  branches = dict(cpu=with_operands(cpu_dtype, cpu_dot))
+  if cpu_dtype != jnp.bfloat16:
+    cpu = with_operands(cpu_dtype, dot)
+  elif contract[0] == 0 and _transposable(a):  # a wgrad's lhs: see `_transposed`
+    cpu = with_operands(cpu_dtype, _cpu_bf16_dot((1, contract[1]), out_sharding),
+                        _transposed(a))
+  else:
+    cpu = with_operands(cpu_dtype, _cpu_bf16_dot(contract, out_sharding))
+  branches = dict(cpu=cpu)
   if out_sharding is None and (gemm := _fp8_tensor_core_gemm(a, b, contract)) is not None:
     branches["cuda"] = gemm
   return lax.platform_dependent(**branches, default=with_operands(dtype, dot))
+
+
+def _transposable(a) -> bool:
+  """Whether `a` is an MXArray of 1-D blocks along its second to last axis."""
+  return isinstance(a, MXArray) and not a.format.two_d and a.axis == a.ndim - 2
+
+
+def _transposed(a: MXArray) -> MXArray:
+  """`a` [*B, X, Y] (1-D blocks along X) as the MXArray of its transpose [*B, Y, X] along
+  the last axis: the same codes, packed along X as rows pack theirs, and scales, swapped.
+  XLA's CPU dot runs bf16 operands only where the lhs contracts its last dim (else it
+  converts both to f32, at twice the cost); a transpose of the values would be folded
+  into the dot, but one of the small codes is not."""
+  return MXArray(data=jnp.swapaxes(a.data, -1, -2), scales=jnp.swapaxes(a.scales, -1, -2),
+                 tensor_scale=a.tensor_scale, format=a.format, axis_from_end=-1,
+                 length=a.length, dtype=a.dtype)
 
 
 def _fp8_block(fmt: BlockFormat | None) -> bool:
@@ -319,13 +341,13 @@ def _along_m(config: Config, group_sizes):
 
 
 def _quantized_along_m(x, fmt: BlockFormat, seed=None) -> MXArray:
-  return _quantized(x, fmt, -2, None if seed is None else _bits(seed, 1, x))
+  return _quantized(x, fmt, -2, _bits(seed, 1))
 
 
-def _bits(seed, i: int, x, strides=None) -> jax.Array:
-  """Stream `i`'s stochastic-rounding bits of a product's seed for x (see
-  `ops.random_bits_like`)."""
-  return ops.random_bits_like(stochastic.stream(seed, i), x, strides)
+def _bits(seed, i: int) -> stochastic.Counter | None:
+  """Stream `i`'s stochastic-rounding bits of a product's seed (None: nearest even), made
+  by the quantize op."""
+  return None if seed is None else stochastic.Counter(stochastic.stream(seed, i))
 
 
 def _group_align(roles: Roles) -> int:
@@ -346,10 +368,9 @@ def _rht_quantized(x, fmt: BlockFormat, seed=None, *, signs) -> MXArray:
   """q(R x, M) of a canonical [*B, M, N] array, M zero padded to a multiple of n =
   len(signs): the CPU kernels transform and quantize in one pass (`ops.fuses_rht`)."""
   x = hadamard.padded(x, -2, len(signs))
-  rand = None if seed is None else _bits(seed, 1, x)
   axis = x.ndim - 2
-  return ops.as_mxarray(*ops.quantize_raw(x, fmt, axis, rand, rht=signs), fmt, axis,
-                        jax.ShapeDtypeStruct(x.shape, jnp.float32))
+  quantized = ops.quantize_raw(x, fmt, axis, _bits(seed, 1), rht=signs)
+  return ops.as_mxarray(*quantized, fmt, axis, jax.ShapeDtypeStruct(x.shape, jnp.float32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -403,12 +424,12 @@ def _gradient_copies(config: Config, g, seed, group_sizes):
   if not config.has_key:
     raise ValueError(stochastic.MISSING_KEY.format(where=config.where or "mxjax.dot_general",
                                                    recipe=config.recipe_name or roles))
-  g_n = _quantized(g, fmt, -1, _bits(seed, 0, g))
+  g_n = _quantized(g, fmt, -1, _bits(seed, 0))
   if rotate is not None:
     return g_n, rotate(g, fmt, seed)
   if fmt.two_d:  # one quantization serves both products
     return g_n, g_n
-  return g_n, _quantized(g, fmt, -2, _bits(seed, 1, g))
+  return g_n, _quantized(g, fmt, -2, _bits(seed, 1))
 
 
 def _product_bwd(config: Config, residuals, cotangents):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mxjax._src import formats, ops
+from mxjax._src import formats, ops, stochastic
 from mxjax._src.mxarray import MXArray
 
 
@@ -40,7 +40,7 @@ def quantize(x, format="e4m3", *, axis: int = -1, block_size: int | None = None,
   if fmt.two_d and x.ndim < 2:
     raise ValueError(f"mxjax.quantize: {fmt} has 2-D tiles over the last two axes, which "
                      f"need an array of rank >= 2; got shape {x.shape}")
-  data, scales, ts = ops.quantize_raw(x, fmt, axis, ops.rand_bits(rng, x))
+  data, scales, ts = ops.quantize_raw(x, fmt, axis, stochastic.counter(rng))
   return ops.as_mxarray(data, scales, ts, fmt, axis, x)
 
 
@@ -151,7 +151,7 @@ def fake_quantize(x, format="e4m3", *, axis: int = -1, block_size: int | None = 
   if fmt.two_d and x.ndim < 2:
     raise ValueError(f"mxjax.fake_quantize: {fmt} has 2-D tiles, which need an array of "
                      f"rank >= 2; got shape {x.shape}")
-  rand = ops.rand_bits(rng, x)
+  rand = stochastic.counter(rng)
   if fmt.tensor_scale:  # the tensor scale divides each value (rounded once): two passes
     run = lambda x: ops.dequantize_raw(  # noqa: E731
         ops.as_mxarray(*ops.quantize_raw(x, fmt, axis, rand), fmt, axis, x), dtype)

@@ -15,7 +15,9 @@
 `max_over_shards` gives a reduction to a scalar (the tensor amax) the same two kinds of
 rules: each device reduces its own shard, then one `lax.pmax` over the sharded axes.
 `indexed_partitioned` gives a counter on the global index (stochastic rounding's bits)
-the same two: each device computes its own shard's from the shard's first index.
+the same two: each device computes its own shard's from the shard's first index. A
+blockwise call can take such a counter too (`index_strides`): each device quantizes its
+own whole blocks with the bits of their global indices.
 
 `leaf_specs` says how each array of an MXArray (or a pair) is stored when its tensor is
 sharded as a PartitionSpec names (Flax's kernel annotations).
@@ -53,7 +55,8 @@ CALL_KINDS = ("quantize", "dequantize", "fake_quantize")
 
 
 def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_size: int,
-                          storage_per_block: int, kind: str = "quantize") -> Callable:
+                          storage_per_block: int, kind: str = "quantize",
+                          index_strides: Sequence[int] | None = None) -> Callable:
   """Wraps a blockwise kernel call with its sharding rules (Auto and Explicit axes).
 
   Args:
@@ -68,6 +71,9 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
     block_size: elements per scale, B.
     storage_per_block: data entries per block (B for FP8, 3B/4 for FP6, B/2 for FP4).
     kind: one of CALL_KINDS.
+    index_strides: where given, operand 1 is a counter (uint32[3]: seed, seed, base,
+      replicated) of stochastic-rounding bits of each element's index `base + sum_d i_d *
+      index_strides[d]`: each shard's base is moved to its first element's index.
   """
   if kind not in CALL_KINDS:
     raise ValueError(f"blockwise_partitioned: kind must be one of {CALL_KINDS}, got {kind!r}")
@@ -75,7 +81,8 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
   leading = _leading(kind, len(blocked_axes))
   op = custom_partitioning(call)
   op.def_partition(
-      partition=_partition(call, blocked_axes, block_size, dequantize, leading),
+      partition=_partition(call, blocked_axes, block_size, dequantize, leading,
+                           index_strides),
       decode_shardings=False,
       sharding_rule=_rule_factory(blocked_axes, block_size, storage_per_block, kind))
 
@@ -83,7 +90,8 @@ def blockwise_partitioned(call: Callable, blocked_axes: Sequence[int], block_siz
     spec = typed_spec(args[0])
     if spec is None:  # no Explicit axis in the operand's type: Shardy's rule applies
       return op(*args)
-    return _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading)
+    return _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading,
+                        index_strides)
 
   return run
 
@@ -225,7 +233,8 @@ def unshared_contraction(spec: Sequence, other: Sequence, contract: int, other_c
   return (*spec[:contract], target, *spec[contract + 1:])
 
 
-def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading):
+def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, leading,
+                 index_strides):
   """`op(*args)` run per shard under `jax.shard_map`. Each (data, scales) pair comes from
   a call whose operand keeps its sharding, except along that pair's blocked axis when
   shards would cut blocks there (gathered first)."""
@@ -251,6 +260,7 @@ def _shard_local(op, call, args, spec, blocked_axes, block_size, dequantize, lea
     names, fn = _manual_call(op, call, mesh, pspec)
     if not names:
       return op(*operands)
+    fn = _from_shard_base(fn, pspec, _shard_shape(x_shape, mesh, pspec), index_strides)
     return jax.shard_map(fn, mesh=mesh, in_specs=specs,
                          out_specs=pspec if n_results is None else (pspec,) * n_results,
                          axis_names=names)(*operands)
@@ -331,28 +341,39 @@ def max_over_shards(local: Callable, whole: tuple[int, int] | None = None) -> Ca
 # Counters on the global index: each shard's from its first index.
 
 
-def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
-  """`local` (seed, base, x -> uint32 of x's shape: a function of each element's index
-  `base[0] + sum_d i_d * strides[d]` modulo 2^32, as stochastic rounding's bits) with
-  sharding rules for Auto and Explicit axes: each device computes its own shard's, its
-  base moved to the shard's first index (the shard's position along each sharded dim
-  times its length there times the dim's stride). No collective; x is read for its shape.
-  """
+def _shard_shape(shape, mesh, spec) -> list[int]:
+  """A shard's shape (uneven shards are padded to the longest)."""
+  return [-(-n // shard_count(mesh, entry)) for n, entry in zip(shape, spec)]
 
-  def offset(spec, local_shape):
-    """The uint32 index of this shard's first element, less the whole array's."""
+
+def _from_shard_base(fn: Callable, spec, local_shape, strides) -> Callable:
+  """`fn` whose operand 1 ends with a counter's base (uint32), moved to this shard's first
+  index: the shard's position along each sharded dim times its length there times the
+  dim's stride, modulo 2^32. `fn` itself where `strides` is None."""
+  if strides is None:
+    return fn
+
+  def run(x_or_seed, counter, *rest):
     base = jnp.zeros((), jnp.uint32)
     for d, entry in enumerate(spec):
       if axis_names(entry):
         step = jnp.uint32(local_shape[d] * strides[d] % 2 ** 32)
         base = base + jax.lax.axis_index(axis_names(entry)).astype(jnp.uint32) * step
-    return base
+    return fn(x_or_seed, counter.at[-1].add(base), *rest)
 
-  def per_shard(fn, spec, local_shape):
-    return lambda seed, base, x: fn(seed, base + offset(spec, local_shape), x)
+  return run
 
-  def local_shape(shape, mesh, spec):  # uneven shards are padded to the longest
-    return [-(-n // shard_count(mesh, entry)) for n, entry in zip(shape, spec)]
+
+def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
+  """`local` (seed, base, x -> uint32 of x's shape: a function of each element's index
+  `base[0] + sum_d i_d * strides[d]` modulo 2^32, as stochastic rounding's bits) with
+  sharding rules for Auto and Explicit axes: each device computes its own shard's, its
+  base moved to the shard's first index (`_from_shard_base`). No collective; x is read
+  for its shape.
+  """
+
+  def per_shard(fn, spec, shape, mesh):
+    return _from_shard_base(fn, spec, _shard_shape(shape, mesh, spec), strides)
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
@@ -361,7 +382,7 @@ def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
     spec = spec_over_mesh(x.sharding, mesh, ndim) or (None,) * ndim
     x_sharding, replicated = NamedSharding(mesh, PartitionSpec(*spec)), NamedSharding(
         mesh, PartitionSpec())
-    return (mesh, per_shard(local, spec, local_shape(x.shape, mesh, spec)), x_sharding,
+    return (mesh, per_shard(local, spec, x.shape, mesh), x_sharding,
             (replicated, replicated, x_sharding))
 
   def rule(mesh, operand_types, result_types):
@@ -381,7 +402,7 @@ def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
       return op(seed, base, x)
     mesh = jax.typeof(x).sharding.mesh
     names, fn = _manual_call(op, local, mesh, spec)
-    return jax.shard_map(per_shard(fn, spec, local_shape(x.shape, mesh, spec)), mesh=mesh,
+    return jax.shard_map(per_shard(fn, spec, x.shape, mesh), mesh=mesh,
                          in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(*spec)),
                          out_specs=PartitionSpec(*spec), axis_names=names)(seed, base, x)
 
@@ -453,7 +474,7 @@ def in_rule_order(factors: Sequence[str], rule: str) -> tuple[str, ...]:
   return tuple(sorted(factors, key=order.__getitem__))
 
 
-def _partition(call, blocked_axes, block_size, dequantize, leading):
+def _partition(call, blocked_axes, block_size, dequantize, leading, index_strides):
 
   def partition(mesh, arg_shapes, result_shape):
     results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
@@ -463,11 +484,16 @@ def _partition(call, blocked_axes, block_size, dequantize, leading):
     sharding = x_info.sharding
     if not _holds_whole_blocks(sharding, x_info.shape, axes, block_size):
       sharding = _gathered(sharding, mesh, x_info.shape, axes, block_size)
+    fn = call
+    if index_strides is not None:  # a counter's shards need their places as mesh axes
+      spec = spec_over_mesh(sharding, mesh, rank) or (None,) * rank
+      sharding = NamedSharding(mesh, PartitionSpec(*spec))
+      fn = _from_shard_base(call, spec, _shard_shape(x_info.shape, mesh, spec), index_strides)
     args = tuple(sharding if i < leading or tuple(a.shape) == tuple(x_info.shape)
                  else NamedSharding(mesh, PartitionSpec()) for i, a in enumerate(arg_shapes))
     if dequantize:  # (data, scales) -> x
-      return mesh, call, sharding, args
-    return mesh, call, (sharding,) * len(results), args
+      return mesh, fn, sharding, args
+    return mesh, fn, (sharding,) * len(results), args
 
   return partition
 

@@ -1,9 +1,11 @@
 """The random bits of stochastic rounding: a hash of the global element index, so any
-sharding on any mesh rounds the same way. `random_bits` is their definition in XLA;
-`ops.random_bits_like` makes the same bits with the mxjax_random_bits kernel where the CPU
-kernels are in use."""
+sharding on any mesh rounds the same way. `random_bits` is their definition in XLA; a
+`Counter` asks a quantize op for them, which the CPU block kernels make where they use
+them (`ops.random_bits_like` makes them as an array)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +55,25 @@ def random_bits(seed, shape, strides=None, base=0) -> jax.Array:
   is uint32[2]."""
   seed = jnp.asarray(seed).astype(_U32).reshape(-1)
   return _mix(_mix(index(shape, strides, base) * _U32(0x9E3779B9) ^ seed[0]) ^ seed[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Counter:
+  """Stochastic rounding's bits of the array a quantize op is given, x, not made yet:
+  `random_bits(seed, x.shape, strides)` (strides None: row-major); `seed` is uint32[2]."""
+  seed: jax.Array
+  strides: tuple[int, ...] | None = None
+
+  def strides_of(self, shape) -> tuple[int, ...]:
+    """The index strides for x of `shape`, each modulo 2**32."""
+    if self.strides is None:
+      return row_major_strides(shape)
+    return tuple(s % 2 ** 32 for s in self.strides)
+
+
+def counter(key) -> Counter | None:
+  """Stochastic rounding's bits from a JAX key, row-major (None: nearest even)."""
+  return None if key is None else Counter(seed_of(key))
 
 
 def after(bits, x) -> jax.Array:
