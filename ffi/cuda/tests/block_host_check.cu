@@ -34,6 +34,7 @@
 #include "cpu/amax_kernels.cc"
 #include "cpu/block_kernels.cc"
 #include "cpu/random_bits_kernels.cc"
+#include "cpu/rht_kernels.cc"
 #include "cuda/block_dequantize.cuh"
 #include "cuda/block_launch.cuh"
 #include "cuda/tensor_amax.cuh"
