@@ -10,8 +10,10 @@
 // stochastic_rounding) either uint32 bits of x's shape (attribute `strides` empty) or
 // uint32[3] (seed0, seed1, base) with `strides` one per dim of x: the kernel makes
 // stochastic.py's random_bits of each element's index base + sum_d i_d * strides[d]
-// itself; else any uint32 (nearest even); `tensor_scale`, uint32[1] of f32 bits (0: none). quantize_2x takes (1, b) blocks with b dividing 512, along the last
-// axis (rows) and the one before (columns), with no stochastic rounding.
+// itself; else any uint32 (nearest even); `tensor_scale`, uint32[1] of f32 bits (0: none).
+// quantize_2x takes (1, b) blocks with b dividing 512, along the last axis (rows) and the
+// one before (columns), with no stochastic rounding. dequantize writes f32, bf16 or f16
+// (its result's type; rounded to nearest even from the f32 value).
 //
 // Codes are packed along the quantized axis (1-D blocks: `axis`; 2-D tiles: the last
 // axis) as MX data is: FP4 two per byte, low nibble first; FP6 four in three bytes; FP8
