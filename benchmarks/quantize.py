@@ -190,8 +190,8 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
   out). Each prints its time and the bytes it moves per second as a fraction of the
   copy's: the bf16 input, the packed codes, the scales, bf16 outputs. NVFP4's quantize and
   fake_quantize include the tensor scale's amax (its own pass over x: "amax", the
-  mxjax_tensor_amax kernel against the XLA reduction it replaces). Last, stochastic
-  rounding's random bits alone: the mxjax_random_bits kernel against the XLA hash.
+  mxjax_tensor_amax kernel against the XLA reduction it replaces). "sr" makes its random
+  bits as it rounds (the kernels; the XLA path hashes them first).
   """
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
   n = int(np.prod(shape))
@@ -246,12 +246,6 @@ def bench_block_formats(shape, reps: int, names=tuple(BLOCK_FORMATS)):
     best_copy = min(t["copy"])
     print(f"{str(bf):28} copy   {best_copy * 1e3:8.2f}  ({copy_bytes / best_copy / 1e9:.1f} GB/s "
           "read + written)", flush=True)
-  # Stochastic rounding's bits ("sr" above makes them first): 4 bytes written an element.
-  seed = jnp.asarray([5, 6], jnp.uint32)  # an argument: XLA cannot fold the bits
-  bits = lambda x, seed: ops_lib.random_bits_like(seed, x)  # noqa: E731
-  t = interleaved_times({"copy": copy, "bits": compiled_under("ffi", bits, x, seed),
-                         "xla_bits": compiled_under("xla", bits, x, seed)}, reps=reps)
-  print_row("SR random bits (uint32)", "bits", t, 4 * n)
 
 
 def main(argv=None):

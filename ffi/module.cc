@@ -35,7 +35,6 @@ NB_MODULE(_mxjax_ffi, m) {
     d["mxjax_block_dequantize"] = capsule(MxjaxBlockDequantizeCpu);
     d["mxjax_block_fake_quantize"] = capsule(MxjaxBlockFakeQuantizeCpu);
     d["mxjax_tensor_amax"] = capsule(MxjaxTensorAmaxCpu);
-    d["mxjax_random_bits"] = capsule(MxjaxRandomBitsCpu);
     d["mxjax_rht_quantize"] = capsule(MxjaxRhtQuantizeCpu);
     d["mxjax_rht_amax"] = capsule(MxjaxRhtAmaxCpu);
     return d;

@@ -35,7 +35,7 @@ BLOCK_FORMATS = {"nvfp4": mxjax.nvfp4(), "nvfp4_2d": mxjax.nvfp4(two_d=True),
                  "fp8_2d": mxjax.fp8_block(two_d=True), "mxfp4_2d": mxjax.mx("e2m1", two_d=True)}
 TARGETS = ("mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize", "mxjax_fake_quantize",
            "mxjax_block_quantize", "mxjax_block_quantize_2x", "mxjax_block_dequantize",
-           "mxjax_block_fake_quantize", "mxjax_tensor_amax", "mxjax_random_bits")
+           "mxjax_block_fake_quantize", "mxjax_tensor_amax")
 
 
 def inputs() -> dict:

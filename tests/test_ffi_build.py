@@ -14,7 +14,7 @@ TARGETS = {"mxjax_quantize", "mxjax_quantize_2x", "mxjax_dequantize"}  # CPU and
 BLOCK_TARGETS = {"mxjax_block_quantize", "mxjax_block_quantize_2x", "mxjax_block_dequantize",
                  "mxjax_block_fake_quantize", "mxjax_tensor_amax"}  # CPU and CUDA
 CPU_ONLY_TARGETS = {"mxjax_fake_quantize"}  # CUDA has it too
-CPU_TARGETS = {"mxjax_random_bits", "mxjax_rht_quantize", "mxjax_rht_amax"}  # CPU only (GPUs: XLA)
+CPU_TARGETS = {"mxjax_rht_quantize", "mxjax_rht_amax"}  # CPU only (GPUs: XLA)
 CUDA_TARGETS = {"mxjax_swizzle_scales", "mxjax_mx_gemm", "mxjax_fp8_block_gemm"}  # CUDA only
 
 

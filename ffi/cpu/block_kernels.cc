@@ -1123,7 +1123,6 @@ void dequantize(const BlockProblem& p, int64_t begin, int64_t end) {
 const mxjax::cpu::BlockKernels& mxjax::cpu::MXJAX_CAT(block_kernels_, MXJAX_ISA_NS)() {
   static const BlockKernels table = {&mxjax::quantize, &mxjax::dequantize,
                                      &mxjax::fake_quantize, &mxjax::quantize_2x,
-                                     &mxjax::tensor_amax, &mxjax::random_bits,
-                                     &mxjax::rht};
+                                     &mxjax::tensor_amax, &mxjax::rht};
   return table;
 }

@@ -152,10 +152,6 @@ struct BlockKernels {
   // max over elements [begin, end) of x (dtype) of the f32 bits of |x| over finite ones
   // (amax_kernels.cc; NaN / Inf count as 0; 0 for an empty range)
   uint32_t (*tensor_amax)(const void* x, int32_t dtype, int64_t begin, int64_t end);
-  // stochastic rounding's bits of the indices first + j * step, j in [0, n)
-  // (random_bits_kernels.cc)
-  void (*random_bits)(uint32_t seed0, uint32_t seed1, uint32_t first, uint32_t step, int64_t n,
-                      uint32_t* out);
   // the RHT of whole runs of n rows of x (bf16 or f32) into f32 rows, and their amax
   // (rht_kernels.cc, rht.h)
   uint32_t (*rht)(const void* x, int32_t dtype, int64_t ld, int64_t cols, const uint32_t* signs,

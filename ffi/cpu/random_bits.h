@@ -1,7 +1,7 @@
-// Stochastic rounding's random bits (mxjax_random_bits): a hash of each element's global
-// index, as mxjax/_src/stochastic.py defines them. random_bits_kernels.cc is compiled once
-// per SIMD level (its function goes into that level's BlockKernels table);
-// random_bits_ffi.cc is the handler.
+// Stochastic rounding's random bits: a hash of each element's global index, as
+// mxjax/_src/stochastic.py defines them, made by the block kernels as they round (from a
+// counter: block_kernels.cc's sr_bits). random_bits_kernels.cc is compiled once per SIMD
+// level.
 #ifndef MXJAX_CPU_RANDOM_BITS_H_
 #define MXJAX_CPU_RANDOM_BITS_H_
 

@@ -1,6 +1,9 @@
 // The RHT (rht.h) for one SIMD level (CMake compiles this file once per level, like
-// kernels.cc): the butterfly runs down the columns, so every step is one loop over a
-// chunk of a row that the compiler vectorizes at the level's width.
+// kernels.cc). The butterfly runs down the columns, a vector of columns at a time: runs of
+// 16 (NVFP4's) hold their 16 rows in registers through the four stages; other runs stage
+// a chunk of their rows in an L1-sized buffer, one vectorized loop per step. On x86 the
+// hardware flushes subnormals (MXCSR's FTZ and DAZ, set for the call); elsewhere each
+// result is flushed in code (the general path only).
 #include <cstdint>
 #include <cstring>
 

@@ -466,42 +466,6 @@ def tensor_scale(x, fmt: BlockFormat, rht=None):
   return codec.tensor_scale(tensor_amax(x, rht), fmt)
 
 
-def _random_bits_xla(seed, base, x, strides):
-  return stochastic.after(stochastic.random_bits(seed, x.shape, strides, base[0]), x)
-
-
-@functools.lru_cache(maxsize=None)
-def _random_bits_op(strides: tuple[int, ...]):
-  """The op `random_bits_like` wraps, for x's dims of index `strides`: (seed, base, x) ->
-  uint32 of x's shape."""
-
-  def local(seed, base, x):
-    def ffi(seed, base, x):
-      out = jax.ShapeDtypeStruct(x.shape, jnp.uint32)
-      return jax.ffi.ffi_call("mxjax_random_bits", out)(seed, base, x,
-                                                        strides=np.asarray(strides, np.int64))
-    xla = functools.partial(_random_bits_xla, strides=strides)
-    return per_platform("mxjax_random_bits", ffi, xla, seed, base, x)
-
-  def batched(in_batched, seed, base, x):
-    if not any(in_batched[:2]):  # one seed: every example's bits are those of its index
-      return _random_bits_op((0, *strides))(seed, base, x)
-    return jax.vmap(functools.partial(_random_bits_xla, strides=strides),
-                    in_axes=tuple(0 if b else None for b in in_batched))(seed, base, x)
-
-  return _op(sharding.indexed_partitioned(local, strides), "mxjax's random bits", batched)
-
-
-def random_bits_like(seed, x, strides=None) -> jax.Array:
-  """Stochastic rounding's uint32 bits for x (`stochastic.random_bits` of seed, uint32[2],
-  for each element's global index: row-major, or `base + sum_d i_d * strides[d]`), made
-  once x exists: the mxjax_random_bits kernel where in use (each device its own shard's
-  on a mesh), XLA elsewhere; the same bits everywhere."""
-  strides = stochastic.row_major_strides(x.shape) if strides is None else tuple(
-      s % 2 ** 32 for s in strides)
-  return _random_bits_op(strides)(jnp.asarray(seed, jnp.uint32), np.zeros((1,), np.uint32), x)
-
-
 def quantize_raw(x, fmt: BlockFormat, axis: int, rand=None, ts=None, rht=None):
   """(data, scales, tensor scale) of x quantized along `axis` (non-negative): the op
   `quantize` wraps. `rand` (stochastic rounding): uint32 bits of x's shape or a

@@ -14,10 +14,9 @@
 
 `max_over_shards` gives a reduction to a scalar (the tensor amax) the same two kinds of
 rules: each device reduces its own shard, then one `lax.pmax` over the sharded axes.
-`indexed_partitioned` gives a counter on the global index (stochastic rounding's bits)
-the same two: each device computes its own shard's from the shard's first index. A
-blockwise call can take such a counter too (`index_strides`): each device quantizes its
-own whole blocks with the bits of their global indices.
+A blockwise call can take a counter on the global index (`index_strides`: stochastic
+rounding's bits): each device quantizes its own whole blocks with the bits of their
+global indices, its counter's base moved to its shard's first index.
 
 `leaf_specs` says how each array of an MXArray (or a pair) is stored when its tensor is
 sharded as a PartitionSpec names (Flax's kernel annotations).
@@ -360,51 +359,6 @@ def _from_shard_base(fn: Callable, spec, local_shape, strides) -> Callable:
         step = jnp.uint32(local_shape[d] * strides[d] % 2 ** 32)
         base = base + jax.lax.axis_index(axis_names(entry)).astype(jnp.uint32) * step
     return fn(x_or_seed, counter.at[-1].add(base), *rest)
-
-  return run
-
-
-def indexed_partitioned(local: Callable, strides: Sequence[int]) -> Callable:
-  """`local` (seed, base, x -> uint32 of x's shape: a function of each element's index
-  `base[0] + sum_d i_d * strides[d]` modulo 2^32, as stochastic rounding's bits) with
-  sharding rules for Auto and Explicit axes: each device computes its own shard's, its
-  base moved to the shard's first index (`_from_shard_base`). No collective; x is read
-  for its shape.
-  """
-
-  def per_shard(fn, spec, shape, mesh):
-    return _from_shard_base(fn, spec, _shard_shape(shape, mesh, spec), strides)
-
-  def partition(mesh, arg_shapes, result_shape):
-    del result_shape
-    x = arg_shapes[2]
-    ndim = len(x.shape)
-    spec = spec_over_mesh(x.sharding, mesh, ndim) or (None,) * ndim
-    x_sharding, replicated = NamedSharding(mesh, PartitionSpec(*spec)), NamedSharding(
-        mesh, PartitionSpec())
-    return (mesh, per_shard(local, spec, x.shape, mesh), x_sharding,
-            (replicated, replicated, x_sharding))
-
-  def rule(mesh, operand_types, result_types):
-    del mesh, result_types
-    dims = " ".join(f"d{i}" for i in range(len(operand_types[2].shape)))
-    text = f"s, t, {dims} -> {dims}"
-    return text, dict(need_replication_factors=("s", "t"))
-
-  op = custom_partitioning(local)
-  op.def_partition(partition=partition, decode_shardings=False, sharding_rule=rule)
-
-  def run(seed, base, x):
-    if jnp.ndim(x) == 0:  # nothing to shard
-      return local(seed, base, x)
-    spec = typed_spec(x)
-    if spec is None:  # no Explicit axis in x's type: the rule above applies
-      return op(seed, base, x)
-    mesh = jax.typeof(x).sharding.mesh
-    names, fn = _manual_call(op, local, mesh, spec)
-    return jax.shard_map(per_shard(fn, spec, x.shape, mesh), mesh=mesh,
-                         in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(*spec)),
-                         out_specs=PartitionSpec(*spec), axis_names=names)(seed, base, x)
 
   return run
 

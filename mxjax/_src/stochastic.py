@@ -1,7 +1,7 @@
 """The random bits of stochastic rounding: a hash of the global element index, so any
 sharding on any mesh rounds the same way. `random_bits` is their definition in XLA; a
-`Counter` asks a quantize op for them, which the CPU block kernels make where they use
-them (`ops.random_bits_like` makes them as an array)."""
+`Counter` asks a quantize op for them, which the CPU block kernels make as they round
+(elsewhere XLA makes them inside the op)."""
 
 from __future__ import annotations
 
