@@ -56,13 +56,7 @@ __attribute__((noinline)) void halve(int64_t n, const M* __restrict in, M* __res
 }
 
 // The level's vector register as GCC's vector extension (of M lanes).
-#if defined(__AVX512BW__)
-constexpr int kVecBytes = 64;
-#elif defined(__AVX2__)
-constexpr int kVecBytes = 32;
-#else
-constexpr int kVecBytes = 16;
-#endif
+using cpu::kVecBytes;
 template <class M>
 using Vec __attribute__((vector_size(kVecBytes))) = M;
 

@@ -16,6 +16,16 @@ constexpr int64_t kUnitCols = 512;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Bytes in a vector register at the SIMD level this file is compiled for (the kernels'
+// GCC vector extensions are lowered to it).
+#if defined(__AVX512BW__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX2__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+
 // Inputs of at least this many bytes get their outputs written with streaming stores
 // (stream.h): larger than the last-level cache, so the outputs would be evicted before
 // their consumer runs anyway, and the stores would pay a read of each line.

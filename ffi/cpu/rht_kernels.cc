@@ -101,13 +101,7 @@ uint32_t run_staged(const T* x, int64_t ld, int64_t w, const uint32_t* signs, in
 
 // The fast path of runs of 16 (NVFP4's) where the hardware flushes: kW columns at a time,
 // the run's 16 rows in registers through the four stages.
-#if defined(__AVX512F__)
-constexpr int kW = 16;
-#elif defined(__AVX2__)
-constexpr int kW = 8;
-#else
-constexpr int kW = 4;
-#endif
+constexpr int kW = cpu::kVecBytes / 4;
 typedef float VF __attribute__((vector_size(kW * 4)));
 typedef uint32_t VU __attribute__((vector_size(kW * 4)));
 typedef uint16_t VH __attribute__((vector_size(kW * 2)));
