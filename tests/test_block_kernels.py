@@ -393,6 +393,30 @@ def test_the_rht_needs_whole_runs():
 
 
 @pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
+@pytest.mark.parametrize("signs, shape, match", [
+    (np.ones(3, np.float32), (48, 8), "power of two"),
+    (np.full(16, 0.5, np.float32), (48, 8), "[+]1 or -1"),
+    (np.ones(16, np.float32), (40, 8), "axis of whole runs"),
+    (np.ones(32, np.float32), (64, 8), "1-D blocks of whole runs"),  # runs past NVFP4's 16
+])
+def test_the_rht_kernels_refuse_what_they_cannot_do(signs, shape, match):
+  """Called directly with bad signs or shapes, the kernels answer with what they need."""
+  from mxjax._src import extension  # noqa: PLC0415
+  extension.load()
+  x = jnp.ones(shape, jnp.bfloat16)
+  types = tuple(ops._raw(t) for t in ops.quantized_types(shape, bfmt.NVFP4, 0))
+  quantize = jax.ffi.ffi_call("mxjax_rht_quantize", types)
+  with pytest.raises(Exception, match=match):
+    jax.block_until_ready(jax.jit(lambda x: quantize(
+        x, np.zeros(1, np.uint32), np.zeros(1, np.uint32), **ops._block_attrs(bfmt.NVFP4, 0),
+        stochastic_rounding=False, signs=signs, strides=np.zeros(0, np.int64)))(x))
+  amax = jax.ffi.ffi_call("mxjax_rht_amax", jax.ShapeDtypeStruct((1,), jnp.uint32))
+  if match in ("power of two", "[+]1 or -1", "axis of whole runs"):
+    with pytest.raises(Exception, match=match.replace("axis of whole runs", "whole runs")):
+      jax.block_until_ready(jax.jit(lambda x: amax(x, axis=np.int64(0), signs=signs))(x))
+
+
+@pytest.mark.skipif(not KERNELS, reason="the CPU kernels are not in use (MXJAX_KERNELS)")
 def test_the_rht_kernels_run():
   """The transform's kernels where they apply (no f32 copy of R x in the program); where
   the axis is the last, XLA's transform and the block kernels."""
