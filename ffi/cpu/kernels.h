@@ -77,6 +77,17 @@ struct FakeQuantizeProblem {
   bool stream;  // as in DequantizeProblem
 };
 
+// Stochastic rounding's bits made inside a block kernel (no array of them): those of
+// stochastic.py's random_bits for each element's global index, base + sum_d i_d *
+// strides[d] (modulo 2^32) over x's dims (merged where they are contiguous in the index).
+constexpr int kMaxCounterRank = 8;
+struct SRCounter {
+  uint32_t seed0, seed1, base;
+  int32_t rank;  // 0: no counter
+  int64_t dims[kMaxCounterRank];
+  uint32_t strides[kMaxCounterRank];
+};
+
 // A block-scaled format (mxjax/block_format.py; ids of ffi/include/mxjax/block_codec.h):
 // x viewed as [batch, rows, cols] in tiles of tile_rows x tile_cols. 1-D blocks of b along
 // the last axis are [outer, 1, n] in 1 x b tiles; along a strided axis [outer, n, inner] in
@@ -89,17 +100,6 @@ struct FakeQuantizeProblem {
 // [batch, storage(rows), cols]), else along the columns ([batch, rows, storage(cols)]).
 // A unit's first column (and, where pack_rows, its first row, unless one tile row covers
 // all rows) starts a packing group, so units never share a byte.
-// Stochastic rounding's bits made inside a block kernel (no array of them): those of
-// stochastic.py's random_bits for each element's global index, base + sum_d i_d *
-// strides[d] (modulo 2^32) over x's dims (merged where they are contiguous in the index).
-constexpr int kMaxCounterRank = 8;
-struct SRCounter {
-  uint32_t seed0, seed1, base;
-  int32_t rank;  // 0: no counter
-  int64_t dims[kMaxCounterRank];
-  uint32_t strides[kMaxCounterRank];
-};
-
 struct BlockProblem {
   int32_t format, scale, mode;
   int64_t tile_rows, tile_cols, batch, rows, cols;

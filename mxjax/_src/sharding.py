@@ -352,13 +352,13 @@ def _from_shard_base(fn: Callable, spec, local_shape, strides) -> Callable:
   if strides is None:
     return fn
 
-  def run(x_or_seed, counter, *rest):
+  def run(x, counter, *rest):
     base = jnp.zeros((), jnp.uint32)
     for d, entry in enumerate(spec):
       if axis_names(entry):
         step = jnp.uint32(local_shape[d] * strides[d] % 2 ** 32)
         base = base + jax.lax.axis_index(axis_names(entry)).astype(jnp.uint32) * step
-    return fn(x_or_seed, counter.at[-1].add(base), *rest)
+    return fn(x, counter.at[-1].add(base), *rest)
 
   return run
 
