@@ -220,12 +220,18 @@ def _batched_sr(sr):
   return (0, *sr) if isinstance(sr, tuple) else sr
 
 
+def _columns_after(shape, axis: int) -> bool:
+  """Whether x has a dimension longer than 1 after `axis` (non-negative): the RHT kernels
+  run the transform down its columns (mxjax_rht_quantize, mxjax_rht_amax)."""
+  return int(np.prod(shape[axis + 1:])) > 1
+
+
 def fuses_rht(shape, fmt: BlockFormat, axis: int, n: int) -> bool:
   """Whether the CPU kernels quantize x's RHT along `axis` (non-negative) without an f32
-  copy of it: 1-D blocks of whole runs and packing groups, a dimension after the axis."""
-  return (not fmt.two_d and fmt.block_size % n == 0 and axis < len(shape) - 1
+  copy of it: 1-D blocks of whole runs and packing groups, columns after the axis."""
+  return (not fmt.two_d and fmt.block_size % n == 0
           and fmt.block_size % fmt.element_format.codes_per_group == 0
-          and int(np.prod(shape[axis + 1:])) > 1)
+          and _columns_after(shape, axis))
 
 
 @functools.lru_cache(maxsize=None)
@@ -426,7 +432,7 @@ def _amax_local(x, rht=None):
     return per_platform("mxjax_tensor_amax", ffi, codec.tensor_amax, x)
   axis, signs = rht[0], np.asarray(rht[1], np.float32)
   rotated = lambda x: _amax_local(hadamard.rht(x, axis, signs))  # noqa: E731
-  if axis == x.ndim - 1 or int(np.prod(x.shape[axis + 1:])) == 1:
+  if not _columns_after(x.shape, axis):
     return rotated(x)
 
   def fused(x):
