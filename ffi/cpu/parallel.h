@@ -6,29 +6,12 @@
 #include <cstdint>
 #include <utility>
 
-#if defined(__SSE__) || defined(__x86_64__)
-#include <xmmintrin.h>
-#define MXJAX_HAVE_MXCSR 1
-#endif
-
+#include "mxcsr.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace mxjax::cpu {
 
 namespace ffi = xla::ffi;
-
-// Clears MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) for its lifetime:
-// XLA's threads set them, and the kernels need exact subnormal arithmetic.
-class ExactFloatScope {
- public:
-#ifdef MXJAX_HAVE_MXCSR
-  ExactFloatScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~((1u << 15) | (1u << 6))); }
-  ~ExactFloatScope() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#endif
-};
 
 inline ffi::Future ready_future(ffi::Error error = ffi::Error::Success()) {
   ffi::Promise promise;

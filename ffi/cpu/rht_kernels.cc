@@ -8,12 +8,8 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "mxcsr.h"
 #include "rht.h"
-
-#if defined(__SSE__) || defined(__x86_64__)
-#include <xmmintrin.h>
-#define MXJAX_RHT_MXCSR 1
-#endif
 
 namespace mxjax {
 inline namespace MXJAX_ISA_NS {
@@ -21,47 +17,26 @@ namespace {
 
 constexpr int64_t kChunkFloats = 4096;  // the general path: a run's rows x columns, 16 KiB
 
-inline uint32_t bits_of(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-
-inline float float_of(uint32_t u) {
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
-#ifdef MXJAX_RHT_MXCSR
-// MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) set for its lifetime: the
-// hardware then flushes as rht.h says (x86 detects a tiny result after rounding, as the
-// flush of the IEEE result does), at no cost per element.
-class FlushScope {
- public:
-  FlushScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | (1u << 15) | (1u << 6)); }
-  ~FlushScope() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-};
+// Where there is an MXCSR the hardware flushes inside a cpu::FlushScope<true> as rht.h
+// says (x86 detects a tiny result after rounding, as the flush of the IEEE result does),
+// at no cost per element.
+#ifdef MXJAX_HAVE_MXCSR
 constexpr bool kHardwareFlush = true;
 #else
-struct FlushScope {};
 constexpr bool kHardwareFlush = false;
 #endif
 
-// v, or a zero of v's sign where v is subnormal (by the hardware inside a FlushScope).
+// v, or a zero of v's sign where v is subnormal (by the hardware where it flushes).
 inline float flushed(float v) {
   if constexpr (kHardwareFlush) return v;
-  const uint32_t u = bits_of(v);
-  return float_of(u & ((u & 0x7F800000u) ? 0xFFFFFFFFu : 0x80000000u));
+  const uint32_t u = as_bits(v);
+  return as_float(u & ((u & kF32Inf) ? 0xFFFFFFFFu : 0x80000000u));
 }
 
 // max(m, the f32 bits of |v|) where v is finite (tensor_amax's rule).
 inline uint32_t finite_max(uint32_t m, float v) {
-  const uint32_t a = bits_of(v) & 0x7FFFFFFFu;
-  return a < 0x7F800000u && a > m ? a : m;
+  const uint32_t a = as_bits(v) & kF32Abs;
+  return a < kF32Inf && a > m ? a : m;
 }
 
 // The general path: any n, w columns (n * w <= kChunkFloats) of one run, staged in t
@@ -74,7 +49,7 @@ uint32_t run_staged(const T* x, int64_t ld, int64_t w, const uint32_t* signs, in
   for (int32_t i = 0; i < n; ++i) {
     const T* __restrict xi = x + i * ld;
     for (int64_t k = 0; k < w; ++k) {
-      t[i * w + k] = flushed(float_of((uint32_t(xi[k]) << kShift) ^ signs[i]));
+      t[i * w + k] = flushed(as_float((uint32_t(xi[k]) << kShift) ^ signs[i]));
     }
   }
   for (int32_t h = 1; h < n; h *= 2) {
@@ -138,8 +113,8 @@ uint32_t run16(const T* x, int64_t ld, const uint32_t* signs, float c, float* o,
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     v[i] *= c;
-    const VU a = (VU)v[i] & 0x7FFFFFFFu;
-    m = a < 0x7F800000u && a > m ? a : m;
+    const VU a = (VU)v[i] & kF32Abs;
+    m = a < kF32Inf && a > m ? a : m;
     if (o) std::memcpy(o + i * ld_out, &v[i], sizeof v[i]);
   }
   uint32_t best = 0;
@@ -152,7 +127,7 @@ uint32_t rht_of(const T* x, int64_t ld, int64_t cols, const uint32_t* signs, int
                 float c, int64_t rows, float* out) {
   const int64_t w_max = kChunkFloats / n > 16 ? kChunkFloats / n : 16;
   alignas(64) float t[kChunkFloats];
-  FlushScope flush;
+  cpu::FlushScope<true> flush;
   uint32_t m = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += n) {
     const T* xr = x + r0 * ld;
