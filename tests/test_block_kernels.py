@@ -135,8 +135,8 @@ def test_counter_bits_equal_the_given_bits(name):
   """Stochastic rounding's bits made inside the kernels from a counter (seed, index
   strides) round as the oracle does with `stochastic.random_bits`' bits: rows and columns,
   a batch dim, ragged edges, bf16 and f32, rows shorter and longer than kShortRun (64);
-  and the RHT's rows [B, runs, N, n] along n, whose index is that of [B, runs, n, N]
-  (permuted strides; short rows end to end)."""
+  and permuted strides: [B, runs, N, n] along n with the index of [B, runs, n, N] (short
+  rows end to end)."""
   bf = FORMATS[name]
   for dtype in (jnp.float32, jnp.bfloat16):
     x = _awkward_3d(dtype)
@@ -147,7 +147,7 @@ def test_counter_bits_equal_the_given_bits(name):
   rows = jnp.reshape(_awkward((48, 80), jnp.float32, 2), (2, 3, 20, 32))
   runs, n, cols = 3, 32, 20
   strides = (runs * n * cols, n * cols, 1, cols)
-  _assert_counter_same(rows, bf, -1, strides, "rht rows")
+  _assert_counter_same(rows, bf, -1, strides, "permuted rows")
 
 
 @at_every_level

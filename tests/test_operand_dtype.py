@@ -1,6 +1,8 @@
 """The MX product's CPU operand dtype: chosen from the CPU's flags, overridable, and the
 product equals the oracle's with either dtype."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,7 +109,6 @@ def test_an_mxarray_along_its_rows_transposes_as_its_codes(fmt):
 def _dot_operand_types(hlo: str) -> list[str]:
   """The element type of each dot's operands in compiled HLO (inside fusions too), as
   "bf16" or "f32" where the two agree."""
-  import re
   defined = dict(re.findall(r"(%[\w.-]+) = (\w+)\[", hlo))
   types = []
   for a, b in re.findall(r" dot\((%[\w.-]+), (%[\w.-]+)\)", hlo):

@@ -67,7 +67,7 @@ int64_t packed_offset(const BlockProblem& p, int64_t b, int64_t r, int64_t c) {
   return (b * p.rows + r) * (ceil_div(p.cols, kG) * kB) + c / kG * kB;
 }
 
-// Runs along x's last dim shorter than this (the RHT's rows) get their indices written
+// Runs along x's last dim shorter than this (narrow arrays) get their indices written
 // first, then hashed in one loop: random_bits's setup would cost more than a short run.
 constexpr int64_t kShortRun = 64;
 
